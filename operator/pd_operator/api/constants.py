@@ -1,0 +1,53 @@
+"""Names and pinned versions shared by the API, the CRD and the renderer."""
+
+GROUP = "pdserving.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PDInferenceService"
+PLURAL = "pdinferenceservices"
+SINGULAR = "pdinferenceservice"
+SHORT_NAMES = ["pdservice", "pdservices", "pds"]
+CATEGORIES = ["pd"]
+
+# Engine versions whose flags the renderer emits, verified against the engines'
+# own argument parsers (operator/pd_operator/render/engines/flagsets/).
+# The first entry of each tuple is the default.
+ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {
+    "vllm": ("0.33.0",),
+    "sglang": ("0.5.23",),
+}
+ROUTER_VERSIONS: dict[str, str] = {
+    "vllm-router": "0.1.17",
+    "sglang-router": "0.3.2",
+}
+
+# Default images, pinned to the versions above.
+ENGINE_IMAGES: dict[str, str] = {
+    "vllm": "docker.io/vllm/vllm-openai:v{version}",
+    "sglang": "docker.io/lmsysorg/sglang:v{version}",
+}
+# Router images: the PyPI router packages on a slim Python base, built from
+# operator/images/router.Dockerfile (see README).
+ROUTER_IMAGES: dict[str, str] = {
+    "vllm-router": "ghcr.io/pd-operator/vllm-router:{version}",
+    "sglang-router": "ghcr.io/pd-operator/sglang-router:{version}",
+}
+
+# Which KV-transfer backends each engine can use for PD disaggregation.
+ENGINE_BACKENDS: dict[str, tuple[str, ...]] = {
+    "vllm": ("nixl", "mooncake", "lmcache", "moriio"),
+    "sglang": ("mooncake", "nixl"),
+}
+DEFAULT_BACKEND: dict[str, str] = {"vllm": "nixl", "sglang": "mooncake"}
+DEFAULT_ROUTER: dict[str, str] = {"vllm": "vllm-router", "sglang": "sglang-router"}
+
+# Label keys the operator puts on everything it creates.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_VERSION = "app.kubernetes.io/version"
+LABEL_ROLE = f"{GROUP}/role"          # prefill | decode | router
+LABEL_SERVICE = f"{GROUP}/service"    # the PDInferenceService name
+LABEL_ENGINE = f"{GROUP}/engine"      # vllm | sglang

@@ -1,0 +1,820 @@
+"""Pydantic v2 models of the PDInferenceService resource.
+
+Every field has a description: they flow into the generated CRD and so into
+``kubectl explain pdservices.spec``. Defaults here are the CRD's defaults. A few
+defaults depend on other fields (the engine image follows the engine kind, the
+KV backend follows the engine, the served name follows the model name); the API
+server cannot express those, so they stay empty in the stored object and
+accessors such as :meth:`PDInferenceServiceSpec.backend` resolve them on read
+(for ``pdctl`` and the operator alike).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from .constants import (
+    API_VERSION,
+    DEFAULT_BACKEND,
+    DEFAULT_ROUTER,
+    ENGINE_BACKENDS,
+    ENGINE_IMAGES,
+    ENGINE_VERSIONS,
+    KIND,
+    ROUTER_IMAGES,
+    ROUTER_VERSIONS,
+)
+from .rules import Rule, cel_list
+
+# --------------------------------------------------------------------------
+# Scalar types
+# --------------------------------------------------------------------------
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A Kubernetes label key / resource name with an optional DNS prefix.
+QUALIFIED_NAME = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+DURATION = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"
+
+DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, min_length=1, max_length=63)]
+SecretName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, min_length=1, max_length=253)]
+QualifiedName = Annotated[str, StringConstraints(pattern=QUALIFIED_NAME, min_length=1, max_length=316)]
+Duration = Annotated[str, StringConstraints(pattern=DURATION, max_length=32)]
+Arg = Annotated[str, StringConstraints(max_length=4096)]
+ShortStr = Annotated[str, StringConstraints(max_length=253)]
+
+# A Kubernetes resource quantity ("8", "16Gi", "500m") or an integer.
+Quantity = Annotated[
+    int | Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", max_length=64)],
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+
+MAX_ARGS = 64
+MAX_ENV = 64
+
+
+def duration_seconds(value: str) -> float:
+    """Seconds in a duration string such as ``50ms``, ``1s``, ``2m``."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for unit in ("ms", "s", "m", "h"):
+        if value.endswith(unit):
+            return float(value[: -len(unit)]) * units[unit]
+    raise ValueError(f"not a duration: {value!r}")
+
+
+def _schema_rules(schema: dict, cls: type) -> None:
+    """Put a model's cross-field rules into its JSON schema as CEL validations."""
+    rules = getattr(cls, "rules", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [r.to_crd() for r in rules]
+
+
+class Base(BaseModel):
+    """camelCase on the wire, unknown fields refused, cross-field rules checked."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        json_schema_extra=_schema_rules,
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self):
+        failed = [r for r in type(self).rules if not r.check(self)]
+        if failed:
+            raise PydanticCustomError(
+                "pd_rule",
+                "{message}",
+                {
+                    "message": "; ".join(r.message for r in failed),
+                    "rules": [(r.field_path, r.message) for r in failed],
+                },
+            )
+        return self
+
+    def dump(self) -> dict:
+        """The object as the API server stores it: camelCase, no nulls."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def obj(default: bool = True, **kw):
+    """A nested-object field that defaults to an empty object, as the CRD does."""
+    if default:
+        kw.setdefault("json_schema_extra", {})["default"] = {}
+    return Field(**kw)
+
+
+# --------------------------------------------------------------------------
+# Small shared shapes
+# --------------------------------------------------------------------------
+
+
+class SecretKeyRef(Base):
+    """A key of a Secret in the service's namespace."""
+
+    name: SecretName = Field(description="Name of the Secret, in the same namespace as the PDInferenceService.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        "api-key", description="Key inside the Secret whose value is used."
+    )
+
+
+class KeyRef(Base):
+    """A key of a Secret or ConfigMap, as in a Kubernetes EnvVarSource."""
+
+    name: SecretName = Field(description="Name of the Secret or ConfigMap.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(description="Key to read.")
+    optional: Optional[bool] = Field(None, description="Whether the key may be missing.")
+
+
+class FieldRef(Base):
+    """A field of the pod, as in a Kubernetes ObjectFieldSelector."""
+
+    field_path: ShortStr = Field(description="Path of the pod field, e.g. status.podIP.")
+
+
+class EnvVarSource(Base):
+    """Where an environment variable's value comes from (one of the fields)."""
+
+    secret_key_ref: Optional[KeyRef] = Field(None, description="A key of a Secret.")
+    config_map_key_ref: Optional[KeyRef] = Field(None, description="A key of a ConfigMap.")
+    field_ref: Optional[FieldRef] = Field(None, description="A field of the pod.")
+
+    rules = (
+        Rule(
+            cel="[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
+            message="valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef",
+            check=lambda s: sum(x is not None for x in (s.secret_key_ref, s.config_map_key_ref, s.field_ref)) == 1,
+        ),
+    )
+
+
+class EnvVar(Base):
+    """An environment variable for the engine containers."""
+
+    name: Annotated[str, StringConstraints(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", min_length=1, max_length=253)] = Field(
+        description="Variable name."
+    )
+    value: Optional[Annotated[str, StringConstraints(max_length=32768)]] = Field(None, description="Literal value. Never put secrets here: use valueFrom.secretKeyRef.")
+    value_from: Optional[EnvVarSource] = Field(None, description="Take the value from a Secret, ConfigMap or pod field.")
+
+    rules = (
+        Rule(
+            cel="!(has(self.value) && has(self.valueFrom))",
+            message="set value or valueFrom, not both",
+            check=lambda s: not (s.value is not None and s.value_from is not None),
+        ),
+    )
+
+
+class Toleration(Base):
+    """A Kubernetes toleration, e.g. for tainted GPU nodes."""
+
+    key: Optional[ShortStr] = Field(None, description="Taint key to tolerate; empty with operator Exists means all.")
+    operator: Optional[Literal["Exists", "Equal"]] = Field(None, description="Exists or Equal (default Equal).")
+    value: Optional[ShortStr] = Field(None, description="Taint value for operator Equal.")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(None, description="Taint effect to tolerate; empty means all.")
+    toleration_seconds: Optional[int] = Field(None, description="For NoExecute: how long the pod stays bound after the taint appears.")
+
+
+class Resources(Base):
+    """CPU, memory and other non-GPU resources of a container.
+
+    GPUs are not set here: the operator requests tensorParallelSize x
+    pipelineParallelSize x dataParallelSize of ``topology.gpuResourceName``.
+    """
+
+    requests: dict[QualifiedName, Quantity] = Field(default_factory=dict, description="Minimum resources, e.g. {cpu: 16, memory: 128Gi}.", max_length=16)
+    limits: dict[QualifiedName, Quantity] = Field(default_factory=dict, description="Maximum resources, e.g. {memory: 256Gi}.", max_length=16)
+
+
+# --------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------
+
+
+class ModelSource(Base):
+    """Where the engines load the weights from."""
+
+    type: Literal["huggingface", "pvc"] = Field(
+        "huggingface",
+        description="huggingface: the engine downloads model.name from the Hugging Face hub into a cache volume; "
+        "pvc: the weights are already on a PersistentVolumeClaim, mounted read-only at /models.",
+    )
+    revision: Optional[Annotated[str, StringConstraints(max_length=128, pattern=r"^[-._/a-zA-Z0-9]+$")]] = Field(
+        None, description="Hugging Face revision (branch, tag or commit) to load. Pin it in production."
+    )
+    token_secret_ref: Optional[SecretKeyRef] = Field(
+        None, description="Secret holding a Hugging Face token (HF_TOKEN) for gated models."
+    )
+    claim_name: Optional[DnsLabel] = Field(None, description="type pvc: the PersistentVolumeClaim holding the weights.")
+    path: Optional[Annotated[str, StringConstraints(max_length=512, pattern=r"^[^.][-._/a-zA-Z0-9]*$")]] = Field(
+        None, description="type pvc: directory of the weights inside the claim (relative)."
+    )
+    cache_claim_name: Optional[DnsLabel] = Field(
+        None,
+        description="type huggingface: a PersistentVolumeClaim used as the Hugging Face cache so restarts skip the download; "
+        "an emptyDir when unset.",
+    )
+
+    rules = (
+        Rule(
+            cel="self.type != 'pvc' || has(self.claimName)",
+            message="source.type pvc needs source.claimName: name the PersistentVolumeClaim that holds the weights",
+            check=lambda s: s.type != "pvc" or s.claim_name is not None,
+            field_path=".claimName",
+        ),
+    )
+
+
+class ModelSpec(Base):
+    """The model served by both pools."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._/a-zA-Z0-9]+$")] = Field(
+        description="Model to load: a Hugging Face id such as Qwen/Qwen3-32B."
+    )
+    served_name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._/:a-zA-Z0-9]+$")]] = Field(
+        None,
+        description="The model name clients send in requests. The same name is given to both engines and the router "
+        "and shown in status. Defaults to model.name.",
+    )
+    source: ModelSource = obj(description="Where the weights come from.", default_factory=ModelSource)
+    max_model_len: Optional[int] = Field(None, ge=16, le=10_000_000, description="Maximum context length (prompt + output) in tokens; the engine's default (from the model config) when unset.")
+    trust_remote_code: bool = Field(False, description="Allow the model's custom code from the hub to run in the engine.")
+
+
+# --------------------------------------------------------------------------
+# Engine
+# --------------------------------------------------------------------------
+
+
+class EngineSpec(Base):
+    """The inference engine that runs both pools."""
+
+    kind: Literal["vllm", "sglang"] = Field(description="Inference engine: vllm or sglang.")
+    version: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(
+        None,
+        description="Engine version the image contains; it selects the flags the operator renders. Supported: "
+        + ", ".join(f"{k} {'|'.join(v)}" for k, v in ENGINE_VERSIONS.items())
+        + ". Defaults to the newest supported one.",
+    )
+    image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
+        None, description="Engine container image. Defaults to the official image of engine.version."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy of the engine containers.")
+    accelerator: Literal["nvidia", "amd"] = Field(
+        "nvidia", description="GPU vendor the image is built for: nvidia (CUDA) or amd (ROCm)."
+    )
+    extra_args: list[Arg] = Field(
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description="Extra engine flags for both pools, checked against the pinned engine's flag set. "
+        "Flags the operator manages (ports, model, parallel sizes, KV transfer) are refused: use their fields.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra environment variables for both pools.")
+    api_key_secret_ref: Optional[SecretKeyRef] = Field(
+        None,
+        description="Secret key holding the engine API key. The engines then refuse requests without it, and the "
+        "router sends it. Passed through the environment, never as a literal.",
+    )
+
+    rules = (
+        Rule(
+            cel="!has(self.version) || (self.kind == 'vllm' ? self.version in "
+            + cel_list(ENGINE_VERSIONS["vllm"])
+            + " : self.version in "
+            + cel_list(ENGINE_VERSIONS["sglang"])
+            + ")",
+            message="engine.version is not supported: use "
+            + " or ".join(f"{'|'.join(v)} for {k}" for k, v in ENGINE_VERSIONS.items())
+            + ", or leave it empty for the default",
+            check=lambda s: s.version is None or s.version in ENGINE_VERSIONS[s.kind],
+            field_path=".version",
+        ),
+        Rule(
+            cel="self.accelerator != 'amd' || has(self.image)",
+            message="engine.accelerator amd needs engine.image: the default images are CUDA builds; set a ROCm image",
+            check=lambda s: s.accelerator != "amd" or s.image is not None,
+            field_path=".image",
+        ),
+    )
+
+    def effective_version(self) -> str:
+        return self.version or ENGINE_VERSIONS[self.kind][0]
+
+    def effective_image(self) -> str:
+        return self.image or ENGINE_IMAGES[self.kind].format(version=self.effective_version())
+
+
+# --------------------------------------------------------------------------
+# KV transfer
+# --------------------------------------------------------------------------
+
+
+class NixlOptions(Base):
+    """NIXL transfer options (vLLM NixlConnector, SGLang nixl backend)."""
+
+    backends: list[Literal["UCX", "LIBFABRIC"]] = Field(
+        ["UCX"], min_length=1, max_length=2,
+        description="NIXL backends: UCX (InfiniBand/RoCE) or LIBFABRIC (AWS EFA).",
+    )
+    side_channel_port: int = Field(5600, ge=1024, le=65535, description="vLLM: NIXL side-channel (handshake) port on each prefill/decode pod.")
+
+
+class MooncakeOptions(Base):
+    """Mooncake transfer options (vLLM MooncakeConnector, SGLang mooncake backend)."""
+
+    protocol: Literal["rdma", "tcp"] = Field("rdma", description="Mooncake transfer-engine protocol: rdma, or tcp for clusters without RDMA.")
+
+
+class LMCacheOptions(Base):
+    """LMCache options (vLLM LMCacheConnectorV1). With backend lmcache, KV goes
+    from prefill to decode over NIXL (vllm-router's PD protocol) and LMCache
+    adds a CPU and optional shared remote cache tier on both pools
+    (vLLM MultiConnector: NixlConnector + LMCacheConnectorV1)."""
+
+    remote_url: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[a-z]+://[^\s]+$")]] = Field(
+        None,
+        description="A shared LMCache backend for both pools, e.g. lm://lmcache-server.default.svc:65432 or redis://redis:6379; "
+        "only the local CPU tier when unset.",
+    )
+    chunk_size: int = Field(256, ge=16, le=8192, description="Tokens per LMCache chunk.")
+    local_cpu: bool = Field(True, description="Keep a CPU-memory tier on each pod.")
+    max_local_cpu_size_gb: float = Field(5.0, gt=0, le=4096, description="Size of the CPU-memory tier per pod, in GB.")
+
+
+class MoRIIOOptions(Base):
+    """MoRIIO options (vLLM MoRIIOConnector, ROCm only)."""
+
+    handshake_port: int = Field(6301, ge=1024, le=65535, description="MoRIIO handshake port on each pod.")
+    notify_port: int = Field(61005, ge=1024, le=65535, description="MoRIIO notify port on each pod.")
+    read_mode: bool = Field(False, description="Decode reads KV from prefill (read mode) instead of prefill writing it (write mode, the default).")
+
+
+class RdmaSpec(Base):
+    """RDMA NICs for the KV transfer. Resource names differ per cluster: nothing is assumed."""
+
+    resource_name: Optional[QualifiedName] = Field(
+        None,
+        description="Device-plugin resource that gives a pod its RDMA NIC, e.g. rdma/rdma_shared_device_a (Mellanox shared "
+        "plugin), rdma/ib, nvidia.com/hostdev (SR-IOV), vpc.amazonaws.com/efa (AWS). Unset: no RDMA resource is requested.",
+    )
+    count: int = Field(1, ge=1, le=32, description="How many of resourceName each engine pod requests.")
+    networks: list[Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-a-z0-9./@]+$")]] = Field(
+        default_factory=list, max_length=16,
+        description="Multus networks to attach (k8s.v1.cni.cncf.io/networks annotation), e.g. [default/rdma-net].",
+    )
+    ib_devices: list[Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_]+(:[0-9]+)?$")]] = Field(
+        default_factory=list, max_length=16,
+        description="InfiniBand/RoCE devices to use, e.g. [mlx5_0, mlx5_1]; sets UCX_NET_DEVICES and SGLang's --disaggregation-ib-device.",
+    )
+    roce: bool = Field(False, description="The fabric is RoCE (Ethernet): sets UCX_IB_ADDR_TYPE=eth.")
+
+
+class KVTransferSpec(Base):
+    """How KV cache moves from prefill to decode."""
+
+    backend: Optional[Literal["nixl", "mooncake", "lmcache", "moriio"]] = Field(
+        None,
+        description="KV transfer backend. vllm: nixl (default), mooncake, lmcache, moriio (ROCm only); "
+        "sglang: mooncake (default), nixl.",
+    )
+    bootstrap_port: int = Field(
+        8998, ge=1024, le=65535,
+        description="Bootstrap port the prefill servers listen on and decode connects to "
+        "(SGLang with any backend; vLLM with mooncake).",
+    )
+    nixl: NixlOptions = obj(description="Options for backend nixl.", default_factory=NixlOptions)
+    mooncake: MooncakeOptions = obj(description="Options for backend mooncake.", default_factory=MooncakeOptions)
+    lmcache: LMCacheOptions = obj(description="Options for backend lmcache.", default_factory=LMCacheOptions)
+    moriio: MoRIIOOptions = obj(description="Options for backend moriio.", default_factory=MoRIIOOptions)
+    rdma: RdmaSpec = obj(description="RDMA NICs, device-plugin resource and Multus networks.", default_factory=RdmaSpec)
+
+
+# --------------------------------------------------------------------------
+# Pools and autoscaling
+# --------------------------------------------------------------------------
+
+
+class ScalingPolicy(Base):
+    """One rate limit on scaling, as in HPA v2."""
+
+    type: Literal["Pods", "Percent"] = Field(description="Pods: at most value pods; Percent: at most value percent of the current replicas.")
+    value: int = Field(ge=1, le=10000, description="Amount of change allowed per period.")
+    period_seconds: int = Field(ge=1, le=1800, description="Length of the window the limit applies to.")
+
+
+class ScalingRules(Base):
+    """Scaling behaviour in one direction, as in HPA v2."""
+
+    stabilization_window_seconds: Optional[int] = Field(None, ge=0, le=3600, description="Look-back window: scale-down acts on the highest, scale-up on the lowest recommendation inside it.")
+    select_policy: Optional[Literal["Max", "Min", "Disabled"]] = Field(None, description="Which policy wins when several apply; Disabled forbids scaling in this direction.")
+    policies: list[ScalingPolicy] = Field(default_factory=list, max_length=10, description="Rate limits; none means the defaults.")
+
+
+class ScalingBehavior(Base):
+    """Scale-up and scale-down behaviour, as in HPA v2."""
+
+    scale_up: Optional[ScalingRules] = Field(None, description="Behaviour when adding replicas.")
+    scale_down: Optional[ScalingRules] = Field(None, description="Behaviour when removing replicas.")
+
+
+class LatencyTarget(Base):
+    """The latency quantile a pool is sized to hold."""
+
+    quantile: float = Field(0.99, ge=0.5, le=0.999, description="Quantile of the latency distribution to hold at the target, e.g. 0.99.")
+    value: Duration = Field(description="Target latency, e.g. 1s or 50ms.")
+
+
+class PrefillTarget(LatencyTarget):
+    """Prefill is sized on time to first token (TTFT)."""
+
+    metric: Literal["ttft"] = Field("ttft", description="Signal: ttft (time to first token).")
+    value: Duration = Field("1s", description="TTFT target, e.g. 1s.")
+
+
+class DecodeTarget(LatencyTarget):
+    """Decode is sized on inter-token latency (ITL)."""
+
+    metric: Literal["itl"] = Field("itl", description="Signal: itl (inter-token latency).")
+    value: Duration = Field("50ms", description="ITL target, e.g. 50ms.")
+
+
+class PoolAutoscaling(Base):
+    """Autoscaling of one pool (filled in by the autoscaler; off by default)."""
+
+    enabled: bool = Field(False, description="Let the autoscaler own this pool's replicas (spec replicas is then only the starting size).")
+    min_replicas: int = Field(1, ge=1, le=1000, description="Fewest replicas the autoscaler keeps.")
+    max_replicas: Optional[int] = Field(None, ge=1, le=1000, description="Most replicas the autoscaler may create (required when enabled).")
+    tolerance: float = Field(0.1, ge=0.0, le=1.0, description="No scaling while the signal is within this fraction of the target.")
+    behavior: ScalingBehavior = obj(description="Scale-up/down stabilization windows and rate limits, as in HPA v2.", default_factory=ScalingBehavior)
+
+    rules = (
+        Rule(
+            cel="!has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            message="minReplicas must be <= maxReplicas: lower minReplicas or raise maxReplicas",
+            check=lambda s: s.max_replicas is None or s.min_replicas <= s.max_replicas,
+            field_path=".minReplicas",
+        ),
+        Rule(
+            cel="!self.enabled || has(self.maxReplicas)",
+            message="autoscaling.enabled needs maxReplicas: set the largest size the pool may reach",
+            check=lambda s: not s.enabled or s.max_replicas is not None,
+            field_path=".maxReplicas",
+        ),
+    )
+
+
+class PrefillAutoscaling(PoolAutoscaling):
+    """Prefill autoscaling: TTFT drives the prefill pool."""
+
+    target: PrefillTarget = obj(description="TTFT quantile and value to hold.", default_factory=PrefillTarget)
+
+
+class DecodeAutoscaling(PoolAutoscaling):
+    """Decode autoscaling: ITL drives the decode pool."""
+
+    target: DecodeTarget = obj(description="ITL quantile and value to hold.", default_factory=DecodeTarget)
+
+
+class PoolSpec(Base):
+    """One pool of engine replicas (prefill or decode)."""
+
+    replicas: int = Field(1, ge=0, le=1000, description="Number of replicas (pods). Owned by the autoscaler when autoscaling.enabled.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs a model copy is split across (tensor parallelism).")
+    pipeline_parallel_size: int = Field(1, ge=1, le=16, description="Pipeline stages per replica.")
+    data_parallel_size: int = Field(1, ge=1, le=64, description="Data-parallel engine ranks inside one replica (vLLM --data-parallel-size, SGLang --dp-size).")
+    gpu_product: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[-._a-zA-Z0-9]+$")]] = Field(
+        None,
+        description="Required GPU model, matched against the node label topology.gpuProductLabel (GPU Feature Discovery), e.g. NVIDIA-H200.",
+    )
+    resources: Resources = obj(description="CPU/memory requests and limits of each engine container (GPUs are added by the operator).", default_factory=Resources)
+    gpu_memory_utilization: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Fraction of GPU memory for weights and KV cache (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static).")
+    max_running_requests: Optional[int] = Field(None, ge=1, le=65536, description="Most requests batched at once (vLLM --max-num-seqs, SGLang --max-running-requests).")
+    max_batched_tokens: Optional[int] = Field(None, ge=16, le=10_000_000, description="Token budget of one scheduler step (vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size).")
+    enable_prefix_caching: Optional[bool] = Field(None, description="Prefix (radix) cache on or off; the engine default when unset.")
+    extra_args: list[Arg] = Field(default_factory=list, max_length=MAX_ARGS, description="Extra engine flags for this pool only, checked against the pinned engine's flag set.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra environment variables for this pool only.")
+    node_selector: dict[QualifiedName, Annotated[str, StringConstraints(max_length=63)]] = Field(default_factory=dict, max_length=32, description="Node labels the pool's pods must match.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for tainted (GPU) nodes.")
+    priority_class_name: Optional[SecretName] = Field(None, description="PriorityClass of the pool's pods.")
+    annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pool's pods.")
+    drain_seconds: int = Field(10, ge=0, le=600, description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops sending it new requests.")
+
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+
+def _gpus_cel(pool: str) -> str:
+    return f"self.{pool}.tensorParallelSize * self.{pool}.pipelineParallelSize * self.{pool}.dataParallelSize"
+
+
+class PrefillPool(PoolSpec):
+    """The prefill pool: reads prompts, fills KV cache, hands it to decode."""
+
+    termination_grace_period_seconds: int = Field(120, ge=0, le=86400, description="How long a stopping prefill pod may take to finish in-flight prefills.")
+    autoscaling: PrefillAutoscaling = obj(description="TTFT-driven autoscaling of the prefill pool.", default_factory=PrefillAutoscaling)
+
+
+class DecodePool(PoolSpec):
+    """The decode pool: generates output tokens from transferred KV cache."""
+
+    termination_grace_period_seconds: int = Field(600, ge=0, le=86400, description="How long a stopping decode pod may take to finish in-flight generations.")
+    autoscaling: DecodeAutoscaling = obj(description="ITL-driven autoscaling of the decode pool.", default_factory=DecodeAutoscaling)
+
+
+# --------------------------------------------------------------------------
+# Router, topology, global autoscaling
+# --------------------------------------------------------------------------
+
+RouterPolicy = Literal["cache_aware", "round_robin", "random", "power_of_two"]
+
+
+class RouterServiceSpec(Base):
+    """The Service clients call."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
+    port: int = Field(8000, ge=1, le=65535, description="Port clients connect to (OpenAI-compatible API under /v1).")
+    annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict, max_length=32, description="Annotations on the Service (e.g. for a cloud load balancer).")
+
+
+class RouterSpec(Base):
+    """The PD router: the one endpoint clients use. It sends each request to a
+    prefill and a decode worker, which it finds by label selector. It presents
+    engine.apiKeySecretRef to the workers. The pinned routers have no check of
+    client keys of their own: put client authentication in the gateway or
+    ingress in front of the router Service."""
+
+    kind: Literal["auto", "vllm-router", "sglang-router"] = Field(
+        "auto", description="Router implementation; auto picks vllm-router for vllm and sglang-router for sglang."
+    )
+    image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(None, description="Router image. Defaults to the pinned router image of the chosen kind.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy of the router.")
+    replicas: int = Field(1, ge=1, le=100, description="Router replicas behind the Service.")
+    prefill_policy: RouterPolicy = Field("cache_aware", description="How the router picks a prefill worker.")
+    decode_policy: RouterPolicy = Field("round_robin", description="How the router picks a decode worker.")
+    service: RouterServiceSpec = obj(description="The client-facing Service.", default_factory=RouterServiceSpec)
+    resources: Resources = obj(description="CPU/memory of the router container.", default_factory=Resources)
+    extra_args: list[Arg] = Field(default_factory=list, max_length=MAX_ARGS, description="Extra router flags, checked against the pinned router's flag set.")
+
+    def effective_kind(self, engine_kind: str) -> str:
+        return DEFAULT_ROUTER[engine_kind] if self.kind == "auto" else self.kind
+
+    def effective_image(self, engine_kind: str) -> str:
+        kind = self.effective_kind(engine_kind)
+        return self.image or ROUTER_IMAGES[kind].format(version=ROUTER_VERSIONS[kind])
+
+
+class TopologySpec(Base):
+    """GPU resources and placement."""
+
+    gpu_resource_name: QualifiedName = Field("nvidia.com/gpu", description="Extended resource that counts GPUs (amd.com/gpu on AMD clusters).")
+    gpu_product_label: QualifiedName = Field("nvidia.com/gpu.product", description="Node label holding the GPU model (GPU Feature Discovery).")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs on one node; a replica must fit on one node.")
+    nvlink_domain_key: QualifiedName = Field(
+        "nvidia.com/gpu.clique",
+        description="Node label that names an NVLink domain (GB200 NVL72: nvidia.com/gpu.clique). On clusters without it use kubernetes.io/hostname.",
+    )
+    colocate: Literal["none", "preferred", "required"] = Field(
+        "preferred",
+        description="Place decode pods in the NVLink domain of prefill pods: preferred (default; a soft preference, also for the same node), "
+        "required (decode pods only schedule next to a prefill pod), or none.",
+    )
+    spread_key: QualifiedName = Field("kubernetes.io/hostname", description="Topology key each pool spreads its replicas over.")
+
+
+class LabelSelector(Base):
+    """Labels to match, as in a Kubernetes label selector's matchLabels."""
+
+    match_labels: dict[QualifiedName, Annotated[str, StringConstraints(max_length=63)]] = Field(default_factory=dict, max_length=16, description="Labels that must all match; empty matches everything.")
+
+
+class NetworkPeer(Base):
+    """Pods allowed to scrape the engines' metrics."""
+
+    namespace_selector: Optional[LabelSelector] = Field(None, description="Namespaces the pods may be in; unset means the service's own namespace.")
+    pod_selector: Optional[LabelSelector] = Field(None, description="The pods; unset means all pods of the selected namespaces.")
+
+
+def _default_metrics_peers() -> list:
+    return [NetworkPeer(namespace_selector=LabelSelector(), pod_selector=LabelSelector(match_labels={"app.kubernetes.io/name": "prometheus"}))]
+
+
+class NetworkPolicySpec(Base):
+    """Who may reach the engine pods."""
+
+    enabled: bool = Field(True, description="Render a NetworkPolicy: engine ports open only to the router, the peer pool and metricsFrom.")
+    metrics_from: list[NetworkPeer] = Field(
+        default_factory=_default_metrics_peers,
+        max_length=16,
+        description="Who may scrape the engines' /metrics (served on the API port). Default: pods labelled "
+        "app.kubernetes.io/name=prometheus in any namespace.",
+        json_schema_extra={"default": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
+    )
+
+
+class PrometheusSpec(Base):
+    """Where the autoscaler reads TTFT and ITL."""
+
+    url: Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^https?://[^\s]+$")] = Field(description="Prometheus base URL, e.g. http://prometheus.monitoring.svc:9090.")
+    bearer_token_secret_ref: Optional[SecretKeyRef] = Field(None, description="Secret key holding a bearer token for Prometheus.")
+
+
+class GlobalAutoscaling(Base):
+    """Settings shared by the two pools' autoscalers."""
+
+    prometheus: Optional[PrometheusSpec] = Field(None, description="Prometheus that scrapes the engines.")
+    interval: Duration = Field("30s", description="How often the autoscaler decides.")
+    max_total_gpus: Optional[int] = Field(None, ge=1, le=100000, alias="maxTotalGPUs", description="GPU budget shared by both pools.")
+
+
+# --------------------------------------------------------------------------
+# Spec
+# --------------------------------------------------------------------------
+
+
+def _backend_cel() -> str:
+    return "(has(self.kvTransfer.backend) ? self.kvTransfer.backend : (self.engine.kind == 'vllm' ? 'nixl' : 'mooncake'))"
+
+
+def _router_kind_cel() -> str:
+    return "(self.router.kind == 'auto' ? (self.engine.kind == 'vllm' ? 'vllm-router' : 'sglang-router') : self.router.kind)"
+
+
+def _pool_gpus_rule(pool: str) -> Rule:
+    return Rule(
+        cel=f"{_gpus_cel(pool)} <= self.topology.gpusPerNode",
+        message=f"{pool}: tensorParallelSize x pipelineParallelSize x dataParallelSize must fit on one node "
+        f"(topology.gpusPerNode); multi-node replicas are not supported yet: lower the parallel sizes",
+        check=lambda s: getattr(s, pool).gpus_per_replica() <= s.topology.gpus_per_node,
+        field_path=f".{pool}.tensorParallelSize",
+    )
+
+
+def _no_gpu_in_resources_rule(pool: str) -> Rule:
+    return Rule(
+        cel=f"!(self.topology.gpuResourceName in self.{pool}.resources.requests) && "
+        f"!(self.topology.gpuResourceName in self.{pool}.resources.limits)",
+        message=f"{pool}.resources must not set the GPU resource: the operator requests "
+        f"tensorParallelSize x pipelineParallelSize x dataParallelSize GPUs; set those instead",
+        check=lambda s: s.topology.gpu_resource_name not in getattr(s, pool).resources.requests
+        and s.topology.gpu_resource_name not in getattr(s, pool).resources.limits,
+        field_path=f".{pool}.resources",
+    )
+
+
+class PDInferenceServiceSpec(Base):
+    """Desired state of a prefill/decode-disaggregated inference service."""
+
+    model: ModelSpec = Field(description="The model both pools serve.")
+    engine: EngineSpec = Field(description="The inference engine (vllm or sglang) and its image.")
+    kv_transfer: KVTransferSpec = obj(description="How KV cache moves from prefill to decode.", default_factory=KVTransferSpec)
+    prefill: PrefillPool = obj(description="The prefill pool.", default_factory=PrefillPool)
+    decode: DecodePool = obj(description="The decode pool.", default_factory=DecodePool)
+    router: RouterSpec = obj(description="The PD router and the client-facing Service.", default_factory=RouterSpec)
+    topology: TopologySpec = obj(description="GPU resource names and placement.", default_factory=TopologySpec)
+    autoscaling: GlobalAutoscaling = obj(description="Settings shared by both pools' autoscalers.", default_factory=GlobalAutoscaling)
+    network_policy: NetworkPolicySpec = obj(description="NetworkPolicy for the engine pods.", default_factory=NetworkPolicySpec)
+
+    rules = (
+        Rule(
+            cel=f"(self.engine.kind == 'vllm' ? {cel_list(ENGINE_BACKENDS['vllm'])} : {cel_list(ENGINE_BACKENDS['sglang'])}).exists(b, b == {_backend_cel()})",
+            message="kvTransfer.backend is not supported by this engine: vllm supports "
+            + ", ".join(ENGINE_BACKENDS["vllm"])
+            + "; sglang supports "
+            + ", ".join(ENGINE_BACKENDS["sglang"]),
+            check=lambda s: s.backend() in ENGINE_BACKENDS[s.engine.kind],
+            field_path=".kvTransfer.backend",
+        ),
+        Rule(
+            cel=f"self.engine.kind != 'vllm' || !({_backend_cel()} in ['nixl', 'lmcache']) || self.decode.tensorParallelSize >= self.prefill.tensorParallelSize",
+            message="vLLM NixlConnector (backends nixl and lmcache) needs decode.tensorParallelSize >= prefill.tensorParallelSize: "
+            "raise decode.tensorParallelSize or lower prefill.tensorParallelSize",
+            check=lambda s: s.engine.kind != "vllm" or s.backend() not in ("nixl", "lmcache")
+            or s.decode.tensor_parallel_size >= s.prefill.tensor_parallel_size,
+            field_path=".decode.tensorParallelSize",
+        ),
+        Rule(
+            cel=f"self.engine.kind != 'vllm' || {_backend_cel()} != 'mooncake' || self.decode.tensorParallelSize == self.prefill.tensorParallelSize",
+            message="vLLM MooncakeConnector needs the same tensorParallelSize on prefill and decode: make them equal, "
+            "or use kvTransfer.backend nixl (decode TP >= prefill TP) or engine sglang",
+            check=lambda s: s.engine.kind != "vllm" or s.backend() != "mooncake"
+            or s.decode.tensor_parallel_size == s.prefill.tensor_parallel_size,
+            field_path=".decode.tensorParallelSize",
+        ),
+        Rule(
+            cel=f"{_backend_cel()} != 'moriio' || self.engine.accelerator == 'amd'",
+            message="kvTransfer.backend moriio (vLLM MoRIIOConnector) runs on AMD ROCm only: set engine.accelerator amd "
+            "with a ROCm vLLM image, or use nixl or mooncake on NVIDIA GPUs",
+            check=lambda s: s.backend() != "moriio" or s.engine.accelerator == "amd",
+            field_path=".kvTransfer.backend",
+        ),
+        Rule(
+            cel=f"{_router_kind_cel()} == (self.engine.kind == 'vllm' ? 'vllm-router' : 'sglang-router')",
+            message="router.kind must match the engine: vllm-router for vllm, sglang-router for sglang (or auto)",
+            check=lambda s: s.router_kind() == DEFAULT_ROUTER[s.engine.kind],
+            field_path=".router.kind",
+        ),
+        _pool_gpus_rule("prefill"),
+        _pool_gpus_rule("decode"),
+        _no_gpu_in_resources_rule("prefill"),
+        _no_gpu_in_resources_rule("decode"),
+    )
+
+    # Defaults that depend on other fields: resolved on read, never stored.
+    def served_model_name(self) -> str:
+        return self.model.served_name or self.model.name
+
+    def backend(self) -> str:
+        return self.kv_transfer.backend or DEFAULT_BACKEND[self.engine.kind]
+
+    def router_kind(self) -> str:
+        return self.router.effective_kind(self.engine.kind)
+
+
+# --------------------------------------------------------------------------
+# Status
+# --------------------------------------------------------------------------
+
+
+class Condition(Base):
+    """A status condition, following the Kubernetes conventions."""
+
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(description="Ready, PrefillReady, DecodeReady, RouterReady, Progressing, Degraded, AutoscalingActive or MetricsAvailable.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: Optional[Annotated[str, StringConstraints(max_length=128)]] = Field(None, description="One-word CamelCase reason.")
+    message: Optional[Annotated[str, StringConstraints(max_length=32768)]] = Field(None, description="What is wrong and how to fix it.")
+    last_transition_time: Optional[str] = Field(None, description="When status last changed (RFC 3339).", json_schema_extra={"format": "date-time"})
+    observed_generation: Optional[int] = Field(None, ge=0, description="The metadata.generation this condition was computed from.")
+
+
+class PoolStatus(Base):
+    """Observed state of one pool."""
+
+    replicas: int = Field(0, ge=0, description="Pods that exist.")
+    ready_replicas: int = Field(0, ge=0, description="Pods that are Ready.")
+    desired_replicas: int = Field(0, ge=0, description="Replicas the operator (or the autoscaler) wants.")
+    pending_replicas: int = Field(0, ge=0, description="Pods not scheduled yet.")
+    last_scale_time: Optional[str] = Field(None, description="When the pool was last resized (RFC 3339).", json_schema_extra={"format": "date-time"})
+    last_scale_reason: Optional[Annotated[str, StringConstraints(max_length=1024)]] = Field(None, description="Why the pool was last resized.")
+
+
+class MetricsStatus(Base):
+    """Latest latency figures seen by the autoscaler."""
+
+    ttft_p99: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="p99 time to first token, e.g. 420ms.")
+    itl_p99: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="p99 inter-token latency, e.g. 31ms.")
+    request_rate: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="Requests per second.")
+    observed_at: Optional[str] = Field(None, description="When these figures were read (RFC 3339).", json_schema_extra={"format": "date-time"})
+
+
+class PDInferenceServiceStatus(Base):
+    """Observed state, written by the operator."""
+
+    observed_generation: Optional[int] = Field(None, ge=0, description="The metadata.generation the operator last acted on.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16,
+        description="Ready, PrefillReady, DecodeReady, RouterReady, Progressing, Degraded, AutoscalingActive, MetricsAvailable.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: PoolStatus = obj(description="The prefill pool.", default_factory=PoolStatus)
+    decode: PoolStatus = obj(description="The decode pool.", default_factory=PoolStatus)
+    prefill_ready: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="Prefill ready/desired, for kubectl get.")
+    decode_ready: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="Decode ready/desired, for kubectl get.")
+    served_model_name: Optional[Annotated[str, StringConstraints(max_length=256)]] = Field(None, description="The model name clients send.")
+    endpoint: Optional[Annotated[str, StringConstraints(max_length=512)]] = Field(None, description="The URL clients call, e.g. http://NAME-router.NS.svc:8000/v1.")
+    metrics: MetricsStatus = obj(description="Latest TTFT/ITL figures.", default_factory=MetricsStatus)
+
+
+# --------------------------------------------------------------------------
+# The resource
+# --------------------------------------------------------------------------
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata the operator reads; the rest passes through."""
+
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, StringConstraints(pattern=DNS_LABEL, min_length=1, max_length=40)] = Field(
+        description="Name of the service (a DNS label of at most 40 characters, so child names stay valid)."
+    )
+    namespace: Optional[DnsLabel] = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PDInferenceService(BaseModel):
+    """A prefill/decode-disaggregated LLM inference service."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")  # type: ignore[valid-type]
+    kind: Literal[KIND] = KIND  # type: ignore[valid-type]
+    metadata: ObjectMeta
+    spec: PDInferenceServiceSpec
+    status: Optional[PDInferenceServiceStatus] = None

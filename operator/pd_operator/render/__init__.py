@@ -1,0 +1,55 @@
+"""Pure rendering: a validated PDInferenceService -> the complete, ordered
+manifest list. No cluster access, no clock, no randomness: the same spec gives
+the same bytes."""
+
+from __future__ import annotations
+
+import copy
+
+from ..api.models import PDInferenceService
+from .common import child_name, metadata
+from .engines import engine_for
+from .network import network_policy, pod_disruption_budget
+from .pools import config_map_name, headless_service, statefulset
+from .routers import deployment, endpoint, rbac, router_for, service
+
+__all__ = ["render", "endpoint"]
+
+
+def render(svc: PDInferenceService, owner: dict | None = None) -> list[dict]:
+    """All objects of one service, in the order they should be applied.
+
+    ``owner``: an ownerReference (apiVersion, kind, name, uid) to put on every
+    object, so deleting the service garbage-collects them.
+    """
+    engine = engine_for(svc)
+    engine.check_extra_args()
+    router = router_for(svc, engine)
+    router.check_extra_args()
+
+    objs: list[dict] = []
+    files = engine.config_files()
+    if files:
+        objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(svc, config_map_name(svc), "config"), "data": files})
+    for role in ("prefill", "decode"):
+        sts = statefulset(svc, engine, role)
+        if role == "prefill":
+            sts["spec"]["template"]["metadata"]["annotations"].update(router.prefill_annotations())
+        objs += [headless_service(svc, engine, role), sts, pod_disruption_budget(svc, role)]
+    objs += rbac(svc)
+    objs += [deployment(svc, router), service(svc)]
+    if svc.spec.router.replicas > 1:
+        objs.append(pod_disruption_budget(svc, "router"))
+    if svc.spec.network_policy.enabled:
+        objs.append(network_policy(svc, engine))
+    if owner:
+        ref = {**owner, "controller": True, "blockOwnerDeletion": True}
+        for obj in objs:
+            obj["metadata"]["ownerReferences"] = [ref]
+    # Every object stands alone: no dict shared between two of them.
+    return copy.deepcopy(objs)
+
+
+def names(svc: PDInferenceService) -> dict[str, str]:
+    """The names of the main children, by role."""
+    return {role: child_name(svc, role) for role in ("prefill", "decode", "router")}

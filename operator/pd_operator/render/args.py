@@ -1,0 +1,37 @@
+"""Checks of user-supplied flags (extraArgs) before anything is rendered."""
+
+from __future__ import annotations
+
+from ..api.errors import SpecError
+
+
+def check_user_args(
+    component: str,
+    version: str,
+    managed: frozenset[str],
+    sources: list[tuple[str, list[str]]],
+    base_argv: list[str],
+    service_name: str | None,
+) -> None:
+    """Refuse flags the operator sets itself, and flags the pinned version lacks.
+
+    ``sources``: (field path, args) pairs; ``base_argv``: the smallest valid
+    command the args are appended to for the flag-set check.
+    """
+    problems: list[tuple[str, str]] = []
+    for path, args in sources:
+        owned = []
+        for i, arg in enumerate(args):
+            flag = arg.split("=", 1)[0]
+            if flag.startswith("-") and flag.replace("_", "-") in managed:
+                owned.append((f"{path}[{i}]", f"{flag} is set by the operator from the spec; use the matching field instead"))
+        problems += owned
+        if args and not owned:
+            from .engines.flagset import FlagError, check_argv
+
+            try:
+                check_argv(component, version, base_argv + list(args))
+            except FlagError as err:
+                problems.append((path, str(err)))
+    if problems:
+        raise SpecError(problems, service_name)

@@ -1,0 +1,119 @@
+"""What every engine adapter knows, and the parts both engines share."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+
+from ...api.models import PDInferenceService
+from ..common import secret_env
+
+MODELS_DIR = "/models"
+HF_HOME = "/cache/huggingface"
+
+
+class EngineAdapter(ABC):
+    """One inference engine at one pinned version: flags, env, ports, probes."""
+
+    kind: str
+    http_port: int
+    # Flags the operator renders itself; extraArgs may not set them.
+    managed_flags: frozenset[str] = frozenset()
+
+    def __init__(self, svc: PDInferenceService):
+        self.svc = svc
+        self.spec = svc.spec
+        self.version = svc.spec.engine.effective_version()
+
+    # -- the container -------------------------------------------------------
+    @abstractmethod
+    def command(self, role: str) -> list[str]:
+        """The full command line of the engine container for a role."""
+
+    @abstractmethod
+    def engine_env(self, role: str) -> list[dict]:
+        """Engine-specific environment of a role (KV transfer, auth)."""
+
+    def ports(self, role: str) -> list[dict]:
+        """Container ports; ``http`` serves the API, /health and /metrics."""
+        return [{"name": "http", "containerPort": self.http_port, "protocol": "TCP"}]
+
+    def metrics_path(self) -> str:
+        return "/metrics"
+
+    def config_files(self) -> dict[str, str]:
+        """Files both pools read (file name -> text), shipped in one ConfigMap."""
+        return {}
+
+    # -- shared helpers ----------------------------------------------------------
+    def model_arg(self) -> str:
+        """What the engine loads: the hub id, or the weights' path on the PVC."""
+        src = self.spec.model.source
+        if src.type == "pvc":
+            return f"{MODELS_DIR}/{src.path}".rstrip("/") if src.path else MODELS_DIR
+        return self.spec.model.name
+
+    def pool(self, role: str):
+        return self.spec.prefill if role == "prefill" else self.spec.decode
+
+    def env(self, role: str) -> list[dict]:
+        """The container's whole environment, in a stable order; user env last."""
+        spec = self.spec
+        env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+        if spec.model.source.type == "huggingface":
+            env.append({"name": "HF_HOME", "value": HF_HOME})
+            if spec.model.source.token_secret_ref:
+                env.append(secret_env("HF_TOKEN", spec.model.source.token_secret_ref))
+        env += self.ucx_env()
+        env += self.engine_env(role)
+        env += [e.dump() for e in spec.engine.env]
+        env += [e.dump() for e in self.pool(role).env]
+        return env
+
+    def rdma_enabled(self) -> bool:
+        rdma = self.spec.kv_transfer.rdma
+        return bool(rdma.resource_name or rdma.ib_devices)
+
+    def ucx_env(self) -> list[dict]:
+        """UCX settings for NIXL/UCX over InfiniBand or RoCE (only with RDMA configured)."""
+        spec = self.spec
+        if self.spec.backend() not in ("nixl", "lmcache") or "UCX" not in spec.kv_transfer.nixl.backends or not self.rdma_enabled():
+            return []
+        rdma = spec.kv_transfer.rdma
+        env = [{"name": "UCX_TLS", "value": "rc_x,rc,cuda_copy,cuda_ipc"}]
+        if rdma.ib_devices:
+            devices = ",".join(d if ":" in d else f"{d}:1" for d in rdma.ib_devices)
+            env.append({"name": "UCX_NET_DEVICES", "value": devices})
+        if rdma.roce:
+            env.append({"name": "UCX_IB_ADDR_TYPE", "value": "eth"})
+        return env
+
+    # -- user flags --------------------------------------------------------------
+    flagset_component: str
+
+    def flagset_argv(self) -> list[str]:
+        """The smallest valid command line (without the executable) that user
+        flags are appended to for the flag-set check."""
+        return []
+
+    def check_extra_args(self) -> None:
+        """Refuse extraArgs that set a managed flag or that the pinned engine lacks."""
+        from ..args import check_user_args
+
+        check_user_args(
+            self.flagset_component,
+            self.version,
+            self.managed_flags,
+            [
+                ("spec.engine.extraArgs", self.spec.engine.extra_args),
+                ("spec.prefill.extraArgs", self.spec.prefill.extra_args),
+                ("spec.decode.extraArgs", self.spec.decode.extra_args),
+            ],
+            self.flagset_argv(),
+            self.svc.metadata.name,
+        )
+
+
+def compact_json(value) -> str:
+    """JSON for a flag value: compact and with a stable key order."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=False)

@@ -1,0 +1,111 @@
+"""SGLang at its pinned version: flags, env and ports for PD.
+
+Facts (SGLang 0.5.23, checked against ``ServerArgs.add_cli_args``; the flag
+set is in flagsets/sglang-0.5.23.json and a contract test checks every line):
+- ``python3 -m sglang.launch_server --model-path M``; PD role by
+  ``--disaggregation-mode prefill|decode`` (``--pd-disaggregation`` and
+  ``--prefill-only`` are router/blog inventions, not server flags).
+- ``--disaggregation-transfer-backend mooncake|nixl``,
+  ``--disaggregation-bootstrap-port`` on prefill, ``--disaggregation-ib-device``.
+- Unequal TP/DP: the prefill server is told the decode side's
+  ``--disaggregation-decode-tp`` / ``--disaggregation-decode-dp``, and
+  SGLANG_DISAGG_STAGING_BUFFER=1 turns on the staging buffer.
+- Metrics only with ``--enable-metrics``; auth with ``--api-key`` (its value
+  comes from a Secret through the environment, expanded by the kubelet).
+"""
+
+from __future__ import annotations
+
+from ..common import secret_env
+from .base import EngineAdapter
+
+API_KEY_ENV = "SGLANG_API_KEY"
+
+
+class SGLangAdapter(EngineAdapter):
+    kind = "sglang"
+    http_port = 30000
+    flagset_component = "sglang"
+    managed_flags = frozenset(
+        {
+            "--model-path", "--model", "--served-model-name", "--host", "--port",
+            "--tp-size", "--tp", "--pp-size", "--dp-size", "--dp",
+            "--disaggregation-mode", "--disaggregation-transfer-backend",
+            "--disaggregation-bootstrap-port", "--disaggregation-ib-device",
+            "--disaggregation-decode-tp", "--disaggregation-decode-dp",
+            "--api-key", "--context-length", "--revision", "--trust-remote-code",
+            "--mem-fraction-static", "--max-running-requests", "--chunked-prefill-size",
+            "--disable-radix-cache", "--enable-metrics",
+        }
+    )
+
+    def command(self, role: str) -> list[str]:
+        spec = self.spec
+        kvt = spec.kv_transfer
+        pool = self.pool(role)
+        argv = [
+            "python3", "-m", "sglang.launch_server",
+            "--model-path", self.model_arg(),
+            "--served-model-name", spec.served_model_name(),
+            "--host", "0.0.0.0",
+            "--port", str(self.http_port),
+            "--tp-size", str(pool.tensor_parallel_size),
+        ]
+        if pool.pipeline_parallel_size > 1:
+            argv += ["--pp-size", str(pool.pipeline_parallel_size)]
+        if pool.data_parallel_size > 1:
+            argv += ["--dp-size", str(pool.data_parallel_size)]
+        argv += [
+            "--disaggregation-mode", role,
+            "--disaggregation-transfer-backend", spec.backend(),
+        ]
+        if role == "prefill":
+            argv += ["--disaggregation-bootstrap-port", str(kvt.bootstrap_port)]
+            decode = spec.decode
+            if decode.tensor_parallel_size != pool.tensor_parallel_size:
+                argv += ["--disaggregation-decode-tp", str(decode.tensor_parallel_size)]
+            if decode.data_parallel_size != pool.data_parallel_size:
+                argv += ["--disaggregation-decode-dp", str(decode.data_parallel_size)]
+        if kvt.rdma.ib_devices:
+            argv += ["--disaggregation-ib-device", ",".join(d.split(":")[0] for d in kvt.rdma.ib_devices)]
+        if spec.model.max_model_len:
+            argv += ["--context-length", str(spec.model.max_model_len)]
+        if spec.model.source.type == "huggingface" and spec.model.source.revision:
+            argv += ["--revision", spec.model.source.revision]
+        if spec.model.trust_remote_code:
+            argv.append("--trust-remote-code")
+        if pool.gpu_memory_utilization is not None:
+            argv += ["--mem-fraction-static", f"{pool.gpu_memory_utilization:g}"]
+        if pool.max_running_requests is not None:
+            argv += ["--max-running-requests", str(pool.max_running_requests)]
+        if pool.max_batched_tokens is not None:
+            argv += ["--chunked-prefill-size", str(pool.max_batched_tokens)]
+        if pool.enable_prefix_caching is False:
+            argv.append("--disable-radix-cache")
+        argv.append("--enable-metrics")
+        if spec.engine.api_key_secret_ref:
+            argv += ["--api-key", f"$({API_KEY_ENV})"]
+        argv += list(spec.engine.extra_args) + list(pool.extra_args)
+        return argv
+
+    def engine_env(self, role: str) -> list[dict]:
+        spec = self.spec
+        env: list[dict] = []
+        if spec.prefill.tensor_parallel_size != spec.decode.tensor_parallel_size:
+            env.append({"name": "SGLANG_DISAGG_STAGING_BUFFER", "value": "1"})
+        if spec.backend() == "nixl":
+            nixl_backend = spec.kv_transfer.nixl.backends[0]
+            if nixl_backend != "UCX":
+                env.append({"name": "SGLANG_DISAGGREGATION_NIXL_BACKEND", "value": nixl_backend})
+        if spec.engine.api_key_secret_ref:
+            env.append(secret_env(API_KEY_ENV, spec.engine.api_key_secret_ref))
+        return env
+
+    def ports(self, role: str) -> list[dict]:
+        ports = super().ports(role)
+        if role == "prefill":
+            ports.append({"name": "bootstrap", "containerPort": self.spec.kv_transfer.bootstrap_port, "protocol": "TCP"})
+        return ports
+
+    def flagset_argv(self) -> list[str]:
+        return ["--model-path", "model"]

@@ -1,0 +1,164 @@
+"""vLLM (v1 engine) at its pinned version: flags, env and ports for PD.
+
+Facts (vLLM 0.33.0, checked against its own argument parser; the flag set is
+in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
+- ``vllm serve MODEL``; ``--kv-transfer-config`` takes the KVTransferConfig
+  JSON (``kv_connector``, ``kv_role``, ``kv_connector_extra_config``,
+  ``kv_load_failure_policy``).
+- NixlConnector: both sides ``kv_both`` (the router decides the direction);
+  side channel from env VLLM_NIXL_SIDE_CHANNEL_HOST (the pod IP, downward API)
+  and VLLM_NIXL_SIDE_CHANNEL_PORT.
+- MooncakeConnector: ``kv_producer`` on prefill, ``kv_consumer`` on decode,
+  VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill; equal TP.
+- lmcache backend: MultiConnector of NixlConnector (the PD handoff, which
+  vllm-router drives) and LMCacheConnectorV1 (CPU/remote cache tier), both
+  kv_both; LMCache reads LMCACHE_CONFIG_FILE (a ConfigMap the renderer writes).
+- MoRIIOConnector (ROCm only): ports in ``kv_connector_extra_config``.
+- Decode sets ``kv_load_failure_policy: recompute``: a lost prefill pod
+  degrades to recomputation instead of failed requests.
+- Auth: env VLLM_API_KEY protects /v1; /health stays open for probes.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from ..common import secret_env
+from .base import EngineAdapter, compact_json
+
+LMCACHE_CONFIG_DIR = "/etc/lmcache"
+LMCACHE_CONFIG_FILE = f"{LMCACHE_CONFIG_DIR}/lmcache.yaml"
+
+CONNECTORS = {
+    "nixl": "NixlConnector",
+    "mooncake": "MooncakeConnector",
+    "lmcache": "LMCacheConnectorV1",
+    "moriio": "MoRIIOConnector",
+}
+
+
+class VLLMAdapter(EngineAdapter):
+    kind = "vllm"
+    http_port = 8000
+    flagset_component = "vllm"
+    managed_flags = frozenset(
+        {
+            "--model", "--served-model-name", "--host", "--port",
+            "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
+            "--data-parallel-size", "-dp", "--kv-transfer-config", "--api-key",
+            "--max-model-len", "--revision", "--trust-remote-code",
+            "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
+            "--enable-prefix-caching", "--no-enable-prefix-caching",
+        }
+    )
+
+    def kv_transfer_config(self, role: str) -> dict:
+        backend = self.spec.backend()
+        kvt = self.spec.kv_transfer
+        producer = role == "prefill"
+        cfg: dict = {"kv_connector": CONNECTORS[backend]}
+        if backend in ("nixl", "lmcache"):
+            nixl: dict = {"kv_connector": CONNECTORS["nixl"], "kv_role": "kv_both"}
+            if kvt.nixl.backends != ["UCX"]:
+                nixl["kv_connector_extra_config"] = {"backends": list(kvt.nixl.backends)}
+            if backend == "nixl":
+                cfg = nixl
+            else:
+                lmcache = {"kv_connector": CONNECTORS["lmcache"], "kv_role": "kv_both"}
+                cfg = {
+                    "kv_connector": "MultiConnector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"connectors": [nixl, lmcache]},
+                }
+        else:
+            cfg["kv_role"] = "kv_producer" if producer else "kv_consumer"
+        if backend == "moriio":
+            cfg["kv_connector_extra_config"] = {
+                "handshake_port": kvt.moriio.handshake_port,
+                "notify_port": kvt.moriio.notify_port,
+                "http_port": self.http_port,
+                "read_mode": kvt.moriio.read_mode,
+            }
+        if not producer:
+            cfg["kv_load_failure_policy"] = "recompute"
+        return cfg
+
+    def command(self, role: str) -> list[str]:
+        spec = self.spec
+        pool = self.pool(role)
+        argv = [
+            "vllm", "serve", self.model_arg(),
+            "--served-model-name", spec.served_model_name(),
+            "--host", "0.0.0.0",
+            "--port", str(self.http_port),
+            "--tensor-parallel-size", str(pool.tensor_parallel_size),
+        ]
+        if pool.pipeline_parallel_size > 1:
+            argv += ["--pipeline-parallel-size", str(pool.pipeline_parallel_size)]
+        if pool.data_parallel_size > 1:
+            argv += ["--data-parallel-size", str(pool.data_parallel_size)]
+        if spec.model.max_model_len:
+            argv += ["--max-model-len", str(spec.model.max_model_len)]
+        if spec.model.source.type == "huggingface" and spec.model.source.revision:
+            argv += ["--revision", spec.model.source.revision]
+        if spec.model.trust_remote_code:
+            argv.append("--trust-remote-code")
+        if pool.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", f"{pool.gpu_memory_utilization:g}"]
+        if pool.max_running_requests is not None:
+            argv += ["--max-num-seqs", str(pool.max_running_requests)]
+        if pool.max_batched_tokens is not None:
+            argv += ["--max-num-batched-tokens", str(pool.max_batched_tokens)]
+        if pool.enable_prefix_caching is not None:
+            argv.append("--enable-prefix-caching" if pool.enable_prefix_caching else "--no-enable-prefix-caching")
+        argv += ["--kv-transfer-config", compact_json(self.kv_transfer_config(role))]
+        argv += list(spec.engine.extra_args) + list(pool.extra_args)
+        return argv
+
+    def engine_env(self, role: str) -> list[dict]:
+        spec = self.spec
+        kvt = spec.kv_transfer
+        backend = spec.backend()
+        env: list[dict] = []
+        if backend in ("nixl", "lmcache"):
+            env += [
+                {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(kvt.nixl.side_channel_port)},
+            ]
+        elif backend == "mooncake" and role == "prefill":
+            env.append({"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(kvt.bootstrap_port)})
+        if backend == "lmcache":
+            env.append({"name": "LMCACHE_CONFIG_FILE", "value": LMCACHE_CONFIG_FILE})
+        if spec.engine.api_key_secret_ref:
+            env.append(secret_env("VLLM_API_KEY", spec.engine.api_key_secret_ref))
+        return env
+
+    def ports(self, role: str) -> list[dict]:
+        ports = super().ports(role)
+        kvt = self.spec.kv_transfer
+        backend = self.spec.backend()
+        if backend in ("nixl", "lmcache"):
+            ports.append({"name": "nixl", "containerPort": kvt.nixl.side_channel_port, "protocol": "TCP"})
+        elif backend == "mooncake" and role == "prefill":
+            ports.append({"name": "bootstrap", "containerPort": kvt.bootstrap_port, "protocol": "TCP"})
+        elif backend == "moriio":
+            ports.append({"name": "moriio-hs", "containerPort": kvt.moriio.handshake_port, "protocol": "TCP"})
+            ports.append({"name": "moriio-notify", "containerPort": kvt.moriio.notify_port, "protocol": "TCP"})
+        return ports
+
+    def config_files(self) -> dict[str, str]:
+        """LMCache's config file: prefill stores to, decode loads from, the shared backend."""
+        opts = self.spec.kv_transfer.lmcache
+        if self.spec.backend() != "lmcache":
+            return {}
+        config: dict = {
+            "chunk_size": opts.chunk_size,
+            "local_cpu": opts.local_cpu,
+            "max_local_cpu_size": opts.max_local_cpu_size_gb,
+        }
+        if opts.remote_url:
+            config.update({"remote_url": opts.remote_url, "remote_serde": "naive"})
+        return {LMCACHE_CONFIG_FILE.rsplit("/", 1)[1]: yaml.safe_dump(config, sort_keys=False)}
+
+    def flagset_argv(self) -> list[str]:
+        return ["serve", "model"]

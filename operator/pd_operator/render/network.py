@@ -1,0 +1,52 @@
+"""NetworkPolicy and PodDisruptionBudgets."""
+
+from __future__ import annotations
+
+from ..api.constants import LABEL_ROLE, LABEL_SERVICE
+from ..api.models import PDInferenceService
+from .common import child_name, metadata, selector_labels
+from .engines import EngineAdapter
+
+
+def network_policy(svc: PDInferenceService, engine: EngineAdapter) -> dict:
+    """Engine pods accept traffic only from the router (API and bootstrap
+    ports), from the pools of the same service (KV transfer over UCX/Mooncake
+    uses ports chosen at run time, so peers get all ports) and from metrics
+    scrapers (the API port, which serves /metrics)."""
+    name = svc.metadata.name
+    engines = {
+        "matchLabels": {LABEL_SERVICE: name},
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": ["prefill", "decode"]}],
+    }
+    ports = {p["containerPort"] for role in ("prefill", "decode") for p in engine.ports(role) if p["name"] in ("http", "bootstrap")}
+    router_ports = [{"protocol": "TCP", "port": p} for p in sorted(ports)]
+    scrapers = []
+    for peer in svc.spec.network_policy.metrics_from:
+        item = {}
+        if peer.namespace_selector is not None:
+            item["namespaceSelector"] = peer.namespace_selector.dump()
+        if peer.pod_selector is not None:
+            item["podSelector"] = peer.pod_selector.dump()
+        scrapers.append(item)
+    ingress = [
+        {"from": [{"podSelector": {"matchLabels": selector_labels(svc, "router")}}], "ports": router_ports},
+        {"from": [{"podSelector": engines}]},
+    ]
+    if scrapers:
+        ingress.append({"from": scrapers, "ports": [{"protocol": "TCP", "port": engine.http_port}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(svc, child_name(svc, "engines"), "engines"),
+        "spec": {"podSelector": engines, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def pod_disruption_budget(svc: PDInferenceService, role: str) -> dict:
+    """Voluntary disruptions (node drains) take at most one pod of a role at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(svc, child_name(svc, role), role),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(svc, role)}},
+    }

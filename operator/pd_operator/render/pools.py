@@ -1,0 +1,208 @@
+"""The prefill and decode pools: StatefulSet, headless Service, PDB."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..api.models import PDInferenceService
+from .common import child_name, labels, metadata, selector_labels
+from .engines import EngineAdapter
+from .engines.base import HF_HOME, MODELS_DIR
+from .engines.vllm import LMCACHE_CONFIG_DIR
+
+# Model load (download + weights to GPU + CUDA graphs) can take many minutes
+# for large models: the startup probe allows 30 minutes before liveness starts.
+STARTUP_PERIOD_S = 10
+STARTUP_FAILURES = 180
+SHM_SIZE = "16Gi"
+MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+CONFIG_HASH_ANNOTATION = "pdserving.io/config-hash"
+
+
+def gpu_count(svc: PDInferenceService, role: str) -> int:
+    pool = svc.spec.prefill if role == "prefill" else svc.spec.decode
+    return pool.gpus_per_replica()
+
+
+def _resources(svc: PDInferenceService, role: str) -> dict:
+    spec = svc.spec
+    pool = spec.prefill if role == "prefill" else spec.decode
+    requests = {k: v for k, v in pool.resources.requests.items()}
+    limits = {k: v for k, v in pool.resources.limits.items()}
+    extended = {spec.topology.gpu_resource_name: gpu_count(svc, role)}
+    rdma = spec.kv_transfer.rdma
+    if rdma.resource_name:
+        extended[rdma.resource_name] = rdma.count
+    # Extended resources must be equal in requests and limits.
+    requests.update(extended)
+    limits.update(extended)
+    return {"requests": requests, "limits": limits}
+
+
+def _affinity(svc: PDInferenceService, role: str) -> dict:
+    spec = svc.spec
+    topo = spec.topology
+    pool = spec.prefill if role == "prefill" else spec.decode
+    affinity: dict = {}
+    if pool.gpu_product:
+        affinity["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": topo.gpu_product_label, "operator": "In", "values": [pool.gpu_product]}]}
+                ]
+            }
+        }
+    if topo.colocate == "none":
+        return affinity
+    peer = "decode" if role == "prefill" else "prefill"
+    peer_selector = {"matchLabels": selector_labels(svc, peer)}
+    # Prefer the peer pool's NVLink domain, and more strongly its very node
+    # (KV then moves over NVLink/PCIe instead of the NIC).
+    preferred = [
+        {"weight": 100, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": "kubernetes.io/hostname"}}
+    ]
+    if topo.nvlink_domain_key != "kubernetes.io/hostname":
+        preferred.append({"weight": 50, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": topo.nvlink_domain_key}})
+    pod_affinity: dict = {"preferredDuringSchedulingIgnoredDuringExecution": preferred}
+    if topo.colocate == "required" and role == "decode":
+        # Only decode requires its peer: if both sides required each other the
+        # first pod of either pool could never schedule. Prefill goes first
+        # anywhere; decode follows it into its NVLink domain.
+        pod_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = [
+            {"labelSelector": peer_selector, "topologyKey": topo.nvlink_domain_key}
+        ]
+    affinity["podAffinity"] = pod_affinity
+    return affinity
+
+
+def _volumes(svc: PDInferenceService, engine: EngineAdapter, role: str) -> tuple[list[dict], list[dict]]:
+    src = svc.spec.model.source
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if src.type == "pvc":
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": src.claim_name, "readOnly": True}})
+        mounts.append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
+    else:
+        cache = {"persistentVolumeClaim": {"claimName": src.cache_claim_name}} if src.cache_claim_name else {"emptyDir": {}}
+        volumes.append({"name": "hf-cache", **cache})
+        mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+    if engine.config_files():
+        volumes.append({"name": "engine-config", "configMap": {"name": config_map_name(svc)}})
+        mounts.append({"name": "engine-config", "mountPath": LMCACHE_CONFIG_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def config_map_name(svc: PDInferenceService) -> str:
+    return child_name(svc, "config")
+
+
+def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+
+
+def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str) -> dict:
+    spec = svc.spec
+    pool = spec.prefill if role == "prefill" else spec.decode
+    rdma = spec.kv_transfer.rdma
+    name = child_name(svc, role)
+    volumes, mounts = _volumes(svc, engine, role)
+
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(engine.http_port),
+        "prometheus.io/path": engine.metrics_path(),
+    }
+    if rdma.networks:
+        annotations[MULTUS_ANNOTATION] = ",".join(rdma.networks)
+    files = engine.config_files()
+    if files:
+        digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+        annotations[CONFIG_HASH_ANNOTATION] = digest
+    annotations.update(pool.annotations)
+
+    container: dict = {
+        "name": "engine",
+        "image": spec.engine.effective_image(),
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": engine.command(role),
+        "env": engine.env(role),
+        "ports": engine.ports(role),
+        "resources": _resources(svc, role),
+        "volumeMounts": mounts,
+        "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 10, 6),
+    }
+    if pool.drain_seconds:
+        # Kubelet's own sleep action: no shell needed in the image. The router
+        # sees the pod go unready/terminating and stops sending it requests
+        # while in-flight ones finish within terminationGracePeriodSeconds.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": pool.drain_seconds}}}
+    if engine.rdma_enabled():
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+
+    pod_spec: dict = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+    }
+    affinity = _affinity(svc, role)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    pod_spec["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": spec.topology.spread_key,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector_labels(svc, role)},
+        }
+    ]
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod_spec["tolerations"] = [t.dump() for t in pool.tolerations]
+    if pool.priority_class_name:
+        pod_spec["priorityClassName"] = pool.priority_class_name
+
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(svc, name, role),
+        "spec": {
+            "serviceName": name,
+            "replicas": pool.replicas,
+            # Replicas start and stop independently: scaling a pool must not wait
+            # for the model load of each pod in turn.
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "selector": {"matchLabels": selector_labels(svc, role)},
+            "template": {
+                "metadata": {"labels": labels(svc, role), "annotations": annotations},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def headless_service(svc: PDInferenceService, engine: EngineAdapter, role: str) -> dict:
+    """Stable DNS names for the pool's pods (NAME-prefill-0.NAME-prefill...)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(svc, child_name(svc, role), role),
+        "spec": {
+            "clusterIP": "None",
+            # Pods are published before they are ready so peers can handshake
+            # with a pod that is still warming up.
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(svc, role),
+            "ports": [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"} for p in engine.ports(role)],
+        },
+    }

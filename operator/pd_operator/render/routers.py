@@ -1,0 +1,251 @@
+"""The PD router: one adapter per router, and its Deployment, Service and RBAC.
+
+Both pinned routers (vllm-router 0.1.17, sglang-router 0.3.2; flag sets in
+engines/flagsets/) discover workers through the Kubernetes API by label
+selector (``--service-discovery --prefill-selector ... --decode-selector``),
+so scaling a pool needs no router restart. They read a prefill pod's
+bootstrap port from a pod annotation (``vllm.ai/bootstrap-port`` /
+``sglang.ai/bootstrap-port``). Their ``--api-key`` is the key the router
+presents to the workers: it is the engine key, from the same Secret, so the
+two auth layers cannot disagree.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from ..api.constants import ROUTER_VERSIONS
+from ..api.models import PDInferenceService
+from .common import child_name, metadata, secret_env, selector_labels
+from .engines import EngineAdapter
+
+ROUTER_PORT = 8000
+ROUTER_METRICS_PORT = 29000
+WORKER_KEY_ENV = "ROUTER_WORKER_API_KEY"
+
+
+class RouterAdapter(ABC):
+    kind: str
+    module: str
+    bootstrap_annotation: str
+    flagset_component: str
+
+    def __init__(self, svc: PDInferenceService, engine: EngineAdapter):
+        self.svc = svc
+        self.spec = svc.spec
+        self.engine = engine
+        self.version = ROUTER_VERSIONS[self.kind]
+
+    def selector_args(self, role: str) -> list[str]:
+        return [f"{k}={v}" for k, v in selector_labels(self.svc, role).items()]
+
+    @abstractmethod
+    def pd_args(self) -> list[str]:
+        """Flags that switch the router into PD mode for this engine/backend."""
+
+    def extra_pd_args(self) -> list[str]:
+        return []
+
+    def args(self) -> list[str]:
+        """Router flags (without the interpreter and module)."""
+        spec = self.spec
+        argv = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+        argv += self.pd_args()
+        argv += ["--service-discovery"]
+        if self.svc.metadata.namespace:
+            argv += ["--service-discovery-namespace", self.svc.metadata.namespace]
+        argv += ["--service-discovery-port", str(self.engine.http_port)]
+        argv += ["--prefill-selector", *self.selector_args("prefill")]
+        argv += ["--decode-selector", *self.selector_args("decode")]
+        argv += ["--prefill-policy", spec.router.prefill_policy, "--decode-policy", spec.router.decode_policy]
+        argv += ["--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT)]
+        argv += self.extra_pd_args()
+        if spec.engine.api_key_secret_ref:
+            argv += ["--api-key", f"$({WORKER_KEY_ENV})"]
+        argv += list(spec.router.extra_args)
+        return argv
+
+    def command(self) -> list[str]:
+        return ["python3", "-m", self.module] + self.args()
+
+    def prefill_annotations(self) -> dict[str, str]:
+        """Annotations the router reads from prefill pods (the bootstrap port)."""
+        if self.uses_bootstrap():
+            return {self.bootstrap_annotation: str(self.spec.kv_transfer.bootstrap_port)}
+        return {}
+
+    @abstractmethod
+    def uses_bootstrap(self) -> bool:
+        """Whether prefill pods publish a bootstrap port to the router."""
+
+    managed_flags = frozenset(
+        {
+            "--host", "--port", "--pd-disaggregation", "--vllm-pd-disaggregation", "--kv-connector",
+            "--service-discovery", "--service-discovery-namespace", "--service-discovery-port",
+            "--prefill-selector", "--decode-selector", "--selector", "--prefill", "--decode",
+            "--worker-urls", "--prefill-policy", "--decode-policy", "--policy",
+            "--prometheus-host", "--prometheus-port", "--api-key",
+        }
+    )
+
+    def check_extra_args(self) -> None:
+        from .args import check_user_args
+
+        check_user_args(
+            self.flagset_component,
+            self.version,
+            self.managed_flags,
+            [("spec.router.extraArgs", self.spec.router.extra_args)],
+            [],
+            self.svc.metadata.name,
+        )
+
+
+class VLLMRouter(RouterAdapter):
+    kind = "vllm-router"
+    module = "vllm_router.launch_router"
+    bootstrap_annotation = "vllm.ai/bootstrap-port"
+    flagset_component = "vllm-router"
+
+    def kv_connector(self) -> str:
+        # vllm-router knows nixl, mooncake and moriio; the lmcache backend
+        # hands KV from prefill to decode over NIXL (LMCache is the cache tier).
+        backend = self.spec.backend()
+        return "nixl" if backend == "lmcache" else backend
+
+    def pd_args(self) -> list[str]:
+        return ["--vllm-pd-disaggregation", "--kv-connector", self.kv_connector()]
+
+    def uses_bootstrap(self) -> bool:
+        return self.spec.backend() == "mooncake"
+
+
+class SGLangRouter(RouterAdapter):
+    kind = "sglang-router"
+    module = "sglang_router.launch_router"
+    bootstrap_annotation = "sglang.ai/bootstrap-port"
+    flagset_component = "sglang-router"
+
+    def pd_args(self) -> list[str]:
+        return ["--pd-disaggregation"]
+
+    def extra_pd_args(self) -> list[str]:
+        # Let in-flight requests finish when the router pod is stopped.
+        return ["--shutdown-grace-period-secs", str(ROUTER_GRACE_S - 10)]
+
+    def uses_bootstrap(self) -> bool:
+        return True  # every SGLang PD backend bootstraps through the prefill server
+
+
+ROUTER_GRACE_S = 190
+ROUTERS: dict[str, type[RouterAdapter]] = {"vllm-router": VLLMRouter, "sglang-router": SGLangRouter}
+
+
+def router_for(svc: PDInferenceService, engine: EngineAdapter) -> RouterAdapter:
+    return ROUTERS[svc.spec.router_kind()](svc, engine)
+
+
+# --------------------------------------------------------------------------
+# Objects
+# --------------------------------------------------------------------------
+
+
+def rbac(svc: PDInferenceService) -> list[dict]:
+    """The router watches the pool pods in its namespace, nothing else."""
+    name = child_name(svc, "router")
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(svc, name, "router")}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata(svc, name, "router"),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata(svc, name, "router"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, **({"namespace": svc.metadata.namespace} if svc.metadata.namespace else {})}],
+    }
+    return [sa, role, binding]
+
+
+def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
+    spec = svc.spec
+    name = child_name(svc, "router")
+    env = []
+    if spec.engine.api_key_secret_ref:
+        env.append(secret_env(WORKER_KEY_ENV, spec.engine.api_key_secret_ref))
+    container = {
+        "name": "router",
+        "image": spec.router.effective_image(spec.engine.kind),
+        "imagePullPolicy": spec.router.image_pull_policy,
+        "command": router.command(),
+        "ports": [
+            {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
+        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if env:
+        container["env"] = env
+    resources = {k: v for k, v in spec.router.resources.dump().items() if v}
+    container["resources"] = resources or {"requests": {"cpu": "1", "memory": "1Gi"}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(svc, name, "router"),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": selector_labels(svc, "router")},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {
+                    "labels": metadata(svc, name, "router")["labels"],
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(ROUTER_METRICS_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    "terminationGracePeriodSeconds": ROUTER_GRACE_S,
+                    "enableServiceLinks": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+                },
+            },
+        },
+    }
+
+
+def service(svc: PDInferenceService) -> dict:
+    """The one endpoint clients call."""
+    spec = svc.spec.router.service
+    meta = metadata(svc, child_name(svc, "router"), "router")
+    if spec.annotations:
+        meta["annotations"] = dict(spec.annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": spec.type,
+            "selector": selector_labels(svc, "router"),
+            "ports": [{"name": "http", "port": spec.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def endpoint(svc: PDInferenceService) -> str:
+    ns = svc.metadata.namespace or "default"
+    return f"http://{child_name(svc, 'router')}.{ns}.svc:{svc.spec.router.service.port}/v1"
