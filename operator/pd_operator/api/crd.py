@@ -152,3 +152,41 @@ def generate_crd() -> dict:
 
 def crd_yaml() -> str:
     return HEADER + yaml.safe_dump(generate_crd(), sort_keys=False, width=120, allow_unicode=True)
+
+
+def apply_defaults(schema: dict, obj: Any) -> Any:
+    """Structural defaulting as the API server does it: fill missing fields
+    that have a default, then descend (also into what was just defaulted)."""
+    if isinstance(obj, dict):
+        for name, prop in schema.get("properties", {}).items():
+            if name not in obj and "default" in prop:
+                obj[name] = copy.deepcopy(prop["default"])
+            if name in obj:
+                obj[name] = apply_defaults(prop, obj[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in obj:
+                obj[key] = apply_defaults(extra, obj[key])
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(schema["items"], item) for item in obj]
+    return obj
+
+
+def cel_rules(schema: dict, obj: Any, path: str = ""):
+    """Yield (path, rule, node) for every CEL rule that applies to a (defaulted)
+    object: the rules the API server would evaluate."""
+    if obj is None:
+        return
+    for rule in schema.get("x-kubernetes-validations", []):
+        yield path, rule, obj
+    if isinstance(obj, dict):
+        for name, prop in schema.get("properties", {}).items():
+            if name in obj:
+                yield from cel_rules(prop, obj[name], f"{path}.{name}" if path else name)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, value in obj.items():
+                yield from cel_rules(extra, value, f"{path}[{key}]")
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            yield from cel_rules(schema["items"], item, f"{path}[{i}]")

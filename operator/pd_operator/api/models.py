@@ -659,8 +659,8 @@ def _pool_gpus_rule(pool: str) -> Rule:
 
 def _no_gpu_in_resources_rule(pool: str) -> Rule:
     return Rule(
-        cel=f"!(self.topology.gpuResourceName in self.{pool}.resources.requests) && "
-        f"!(self.topology.gpuResourceName in self.{pool}.resources.limits)",
+        cel=f"(!has(self.{pool}.resources.requests) || !(self.topology.gpuResourceName in self.{pool}.resources.requests)) && "
+        f"(!has(self.{pool}.resources.limits) || !(self.topology.gpuResourceName in self.{pool}.resources.limits))",
         message=f"{pool}.resources must not set the GPU resource: the operator requests "
         f"tensorParallelSize x pipelineParallelSize x dataParallelSize GPUs; set those instead",
         check=lambda s: s.topology.gpu_resource_name not in getattr(s, pool).resources.requests

@@ -1,0 +1,39 @@
+"""Property: every valid spec renders manifests that pass the Kubernetes
+OpenAPI schemas (kubernetes-validate, strict: unknown fields fail too)."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from pd_operator.api import SpecError, validate_service
+from pd_operator.render import render
+from tests.conftest import EXAMPLES, load_example
+from tests.strategies import service
+
+K8S_VERSION = "1.35.0"
+
+
+def check(objs):
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {err.message} at {list(err.path)}")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_pass_kubernetes_schemas(path):
+    check(render(validate_service(load_example(path))))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(service())
+def test_every_valid_spec_renders_valid_manifests(obj):
+    try:
+        svc = validate_service(obj)
+    except SpecError:
+        assume(False)
+        return
+    check(render(svc))

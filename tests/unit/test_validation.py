@@ -1,0 +1,150 @@
+"""Bad input is refused offline with the field path and what to change."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_operator.api import SpecError, validate_service
+from tests.conftest import minimal
+
+
+def problems(obj) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        validate_service(obj)
+    return dict(info.value.problems)
+
+
+def test_minimal_spec_is_a_working_service():
+    svc = validate_service(minimal())
+    spec = svc.spec
+    assert spec.backend() == "nixl"
+    assert spec.router_kind() == "vllm-router"
+    assert spec.served_model_name() == "Qwen/Qwen3-8B"
+    assert spec.engine.effective_image() == "docker.io/vllm/vllm-openai:v0.33.0"
+    assert spec.prefill.gpus_per_replica() == 1 and spec.decode.replicas == 1
+    sg = validate_service(minimal("sglang")).spec
+    assert (sg.backend(), sg.router_kind()) == ("mooncake", "sglang-router")
+
+
+def test_min_replicas_above_max():
+    p = problems(minimal(prefill={"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}))
+    assert "minReplicas must be <= maxReplicas" in p["spec.prefill.autoscaling.minReplicas"]
+
+
+def test_autoscaling_enabled_needs_max():
+    p = problems(minimal(decode={"autoscaling": {"enabled": True}}))
+    assert "maxReplicas" in p["spec.decode.autoscaling.maxReplicas"]
+
+
+def test_vllm_mooncake_unequal_tp():
+    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8}))
+    msg = p["spec.decode.tensorParallelSize"]
+    assert "MooncakeConnector" in msg and "same tensorParallelSize" in msg
+
+
+def test_sglang_mooncake_unequal_tp_is_fine():
+    validate_service(minimal("sglang", prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8}))
+
+
+def test_vllm_nixl_decode_tp_below_prefill():
+    p = problems(minimal(prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 2}))
+    assert "decode.tensorParallelSize >= prefill.tensorParallelSize" in p["spec.decode.tensorParallelSize"]
+
+
+def test_moriio_on_nvidia_image():
+    p = problems(minimal(kvTransfer={"backend": "moriio"}))
+    msg = p["spec.kvTransfer.backend"]
+    assert "ROCm" in msg and "engine.accelerator amd" in msg
+
+
+def test_moriio_on_rocm_is_accepted():
+    validate_service(minimal(kvTransfer={"backend": "moriio"}, engine={"kind": "vllm", "accelerator": "amd", "image": "rocm/vllm:custom"}))
+
+
+def test_amd_needs_an_image():
+    p = problems(minimal(engine={"kind": "vllm", "accelerator": "amd"}))
+    assert "ROCm image" in p["spec.engine.image"]
+
+
+def test_tp_larger_than_a_node():
+    p = problems(minimal(prefill={"tensorParallelSize": 16}, decode={"tensorParallelSize": 16}))
+    assert "must fit on one node" in p["spec.prefill.tensorParallelSize"]
+    assert "must fit on one node" in p["spec.decode.tensorParallelSize"]
+
+
+def test_tp_times_pp_larger_than_a_node():
+    p = problems(minimal(decode={"tensorParallelSize": 8, "pipelineParallelSize": 2}, prefill={"tensorParallelSize": 8}))
+    assert list(p) == ["spec.decode.tensorParallelSize"]
+
+
+def test_bigger_nodes_allow_bigger_replicas():
+    validate_service(minimal(prefill={"tensorParallelSize": 16}, decode={"tensorParallelSize": 16}, topology={"gpusPerNode": 16}))
+
+
+def test_no_model():
+    obj = minimal()
+    del obj["spec"]["model"]
+    assert problems(obj) == {"spec.model": "required: set it"}
+
+
+def test_empty_model_name():
+    obj = minimal()
+    obj["spec"]["model"]["name"] = ""
+    assert "spec.model.name" in problems(obj)
+
+
+def test_backend_not_supported_by_engine():
+    p = problems(minimal("sglang", kvTransfer={"backend": "lmcache"}))
+    assert "sglang supports mooncake, nixl" in p["spec.kvTransfer.backend"]
+
+
+def test_router_must_match_engine():
+    p = problems(minimal("sglang", router={"kind": "vllm-router"}))
+    assert "vllm-router for vllm, sglang-router for sglang" in p["spec.router.kind"]
+
+
+def test_unsupported_engine_version():
+    p = problems(minimal(engine={"kind": "vllm", "version": "0.6.0"}))
+    assert "0.33.0" in p["spec.engine.version"]
+
+
+def test_gpu_in_resources_is_refused():
+    p = problems(minimal(prefill={"resources": {"limits": {"nvidia.com/gpu": 2}}}))
+    assert "set those instead" in p["spec.prefill.resources"]
+
+
+def test_unknown_field_names_the_field():
+    p = problems(minimal(router={"polcy": "round_robin"}))
+    assert "unknown field" in p["spec.router.polcy"]
+
+
+def test_bad_enum_names_the_choices():
+    p = problems(minimal(topology={"colocate": "always"}))
+    assert "'none', 'preferred' or 'required'" in p["spec.topology.colocate"]
+
+
+def test_wrong_kind_and_version():
+    obj = minimal()
+    obj["apiVersion"] = "pdserving.io/v1"
+    assert "pdserving.io/v1alpha1" in problems(obj)["apiVersion"]
+
+
+def test_name_too_long_for_children():
+    obj = minimal()
+    obj["metadata"]["name"] = "x" * 41
+    assert "metadata.name" in problems(obj)
+
+
+def test_secret_literal_env_has_no_valuefrom_mix():
+    p = problems(minimal(engine={"kind": "vllm", "env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}))
+    assert "set value or valueFrom, not both" in p["spec.engine.env[0]"]
+
+
+def test_all_problems_reported_at_once():
+    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 16}))
+    assert "spec.decode.tensorParallelSize" in p
+    # both the node-fit and the Mooncake rule fail on the same field
+    with pytest.raises(SpecError) as info:
+        validate_service(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 16}))
+    messages = [m for f, m in info.value.problems if f == "spec.decode.tensorParallelSize"]
+    assert len(messages) == 2
