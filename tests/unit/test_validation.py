@@ -21,7 +21,7 @@ def test_minimal_spec_is_a_working_service():
     assert spec.router_kind() == "vllm-router"
     assert spec.served_model_name() == "Qwen/Qwen3-8B"
     assert spec.engine.effective_image() == "docker.io/vllm/vllm-openai:v0.33.0"
-    assert spec.prefill.gpus_per_replica() == 1 and spec.decode.replicas == 1
+    assert spec.prefill.gpus_per_replica() == 1 and spec.decode.desired_replicas(None) == 1
     sg = validate_service(minimal("sglang")).spec
     assert (sg.backend(), sg.router_kind()) == ("mooncake", "sglang-router")
 
@@ -148,3 +148,18 @@ def test_all_problems_reported_at_once():
         validate_service(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 16}))
     messages = [m for f, m in info.value.problems if f == "spec.decode.tensorParallelSize"]
     assert len(messages) == 2
+
+
+def test_replicas_have_one_writer():
+    from pd_operator.api.models import DecodePool
+
+    # autoscaling off: the spec decides; unset keeps the current size
+    assert DecodePool(replicas=3).desired_replicas(current=5) == 3
+    assert DecodePool().desired_replicas(current=5) == 5
+    assert DecodePool().desired_replicas(current=None) == 1
+    # autoscaling on: the autoscaler's size (current) stands, within bounds
+    auto = {"enabled": True, "minReplicas": 2, "maxReplicas": 6}
+    assert DecodePool(replicas=1, autoscaling=auto).desired_replicas(current=5) == 5
+    assert DecodePool(replicas=1, autoscaling=auto).desired_replicas(current=9) == 6
+    assert DecodePool(replicas=1, autoscaling=auto).desired_replicas(current=None) == 2
+    assert DecodePool(replicas=4, autoscaling=auto).desired_replicas(current=None) == 4

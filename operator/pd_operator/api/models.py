@@ -486,7 +486,12 @@ class DecodeAutoscaling(PoolAutoscaling):
 class PoolSpec(Base):
     """One pool of engine replicas (prefill or decode)."""
 
-    replicas: int = Field(1, ge=0, le=1000, description="Number of replicas (pods). Owned by the autoscaler when autoscaling.enabled.")
+    replicas: Optional[int] = Field(
+        None, ge=0, le=1000,
+        description="Number of replicas (pods). Unset: 1 when the pool is created, then the pool keeps its size "
+        "(so an apply that omits replicas never resets a scaled pool). Ignored while autoscaling.enabled: the "
+        "autoscaler owns the size, within minReplicas..maxReplicas.",
+    )
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs a model copy is split across (tensor parallelism).")
     pipeline_parallel_size: int = Field(1, ge=1, le=16, description="Pipeline stages per replica.")
     data_parallel_size: int = Field(1, ge=1, le=64, description="Data-parallel engine ranks inside one replica (vLLM --data-parallel-size, SGLang --dp-size).")
@@ -506,6 +511,20 @@ class PoolSpec(Base):
     priority_class_name: Optional[SecretName] = Field(None, description="PriorityClass of the pool's pods.")
     annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pool's pods.")
     drain_seconds: int = Field(10, ge=0, le=600, description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops sending it new requests.")
+
+    def desired_replicas(self, current: int | None) -> int:
+        """The replica count to apply, given the pool's current size (None: not created yet).
+
+        One writer: the spec when autoscaling is off, the autoscaler when it is
+        on (it changes ``current``; here the size is only kept within bounds).
+        """
+        if self.autoscaling.enabled:
+            base = current if current is not None else (self.replicas if self.replicas is not None else self.autoscaling.min_replicas)
+            upper = self.autoscaling.max_replicas if self.autoscaling.max_replicas is not None else base
+            return max(self.autoscaling.min_replicas, min(base, upper))
+        if self.replicas is not None:
+            return self.replicas
+        return current if current is not None else 1
 
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size

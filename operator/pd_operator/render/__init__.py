@@ -16,12 +16,15 @@ from .routers import deployment, endpoint, rbac, router_for, service
 __all__ = ["render", "endpoint"]
 
 
-def render(svc: PDInferenceService, owner: dict | None = None) -> list[dict]:
+def render(svc: PDInferenceService, owner: dict | None = None, current_replicas: dict[str, int] | None = None) -> list[dict]:
     """All objects of one service, in the order they should be applied.
 
     ``owner``: an ownerReference (apiVersion, kind, name, uid) to put on every
     object, so deleting the service garbage-collects them.
+    ``current_replicas``: the pools' current sizes by role, when they exist;
+    see :meth:`PoolSpec.desired_replicas` for who decides the size.
     """
+    current_replicas = current_replicas or {}
     engine = engine_for(svc)
     engine.check_extra_args()
     router = router_for(svc, engine)
@@ -32,7 +35,7 @@ def render(svc: PDInferenceService, owner: dict | None = None) -> list[dict]:
     if files:
         objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(svc, config_map_name(svc), "config"), "data": files})
     for role in ("prefill", "decode"):
-        sts = statefulset(svc, engine, role)
+        sts = statefulset(svc, engine, role, current_replicas.get(role))
         if role == "prefill":
             sts["spec"]["template"]["metadata"]["annotations"].update(router.prefill_annotations())
         objs += [headless_service(svc, engine, role), sts, pod_disruption_budget(svc, role)]

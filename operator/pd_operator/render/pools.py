@@ -106,7 +106,7 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict:
     }
 
 
-def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str) -> dict:
+def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, replicas: int | None = None) -> dict:
     spec = svc.spec
     pool = spec.prefill if role == "prefill" else spec.decode
     rdma = spec.kv_transfer.rdma
@@ -177,7 +177,7 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str) -> di
         "metadata": metadata(svc, name, role),
         "spec": {
             "serviceName": name,
-            "replicas": pool.replicas,
+            "replicas": pool.desired_replicas(replicas),
             # Replicas start and stop independently: scaling a pool must not wait
             # for the model load of each pod in turn.
             "podManagementPolicy": "Parallel",
