@@ -1,0 +1,5 @@
+import sys
+
+from .controller.main import main
+
+sys.exit(main())

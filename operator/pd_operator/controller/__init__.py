@@ -1,0 +1,1 @@
+"""The kopf operator: thin handlers that validate, render, apply and report."""

@@ -1,0 +1,116 @@
+"""kopf handlers. Thin: each one asks for a reconcile of one service.
+
+- create/update/resume of a PDInferenceService: reconcile now;
+- a timer every RESYNC_SECONDS: drift and status backstop;
+- events of the children (StatefulSets, Deployments, Services, pods, ...):
+  reconcile the owning service, so a child edited or deleted by hand is
+  restored within seconds and status follows the pods.
+Reconciles of one service are coalesced: while one runs, further requests
+collapse into one more run that reads the service afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+import kopf
+
+from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
+from .kube import FIELD_MANAGER, Kube
+from .reconcile import reconcile
+
+# Drift backstop; child events restore hand edits within seconds already.
+RESYNC_SECONDS = float(os.environ.get("PD_OPERATOR_RESYNC_SECONDS", "60"))
+STATE: dict = {"kube": None}
+_guard = threading.Lock()
+_runs: dict[tuple[str, str], dict] = {}
+
+
+def kube() -> Kube:
+    if STATE["kube"] is None:
+        STATE["kube"] = Kube()
+    return STATE["kube"]
+
+
+def post_event(body: dict, type_: str, reason: str, message: str) -> None:
+    try:
+        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+    except Exception:  # events are best effort; never fail a reconcile on them
+        logging.getLogger(__name__).debug("event not posted", exc_info=True)
+
+
+def reconcile_service(namespace: str, name: str) -> None:
+    """Reconcile the latest version of one service, coalescing concurrent requests."""
+    key = (namespace, name)
+    with _guard:
+        run = _runs.setdefault(key, {"running": False, "dirty": False})
+        if run["running"]:
+            run["dirty"] = True
+            return
+        run["running"] = True
+    try:
+        while True:
+            body = kube().get_service(namespace, name)
+            if body is not None and not body["metadata"].get("deletionTimestamp"):
+                reconcile(kube(), body, post_event)
+            with _guard:
+                if not run["dirty"]:
+                    run["running"] = False
+                    return
+                run["dirty"] = False
+    except BaseException:
+        with _guard:
+            run["running"] = False
+        raise
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_) -> None:
+    """All operator settings in one place."""
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 8
+    settings.batching.error_delays = [1, 2, 5, 10, 30]
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def on_service(namespace: str, name: str, **_) -> None:
+    reconcile_service(namespace, name)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+def resync(namespace: str, name: str, **_) -> None:
+    reconcile_service(namespace, name)
+
+
+CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels=CHILDREN)
+@kopf.on.event("apps", "v1", "deployments", labels=CHILDREN)
+@kopf.on.event("", "v1", "services", labels=CHILDREN)
+@kopf.on.event("", "v1", "configmaps", labels=CHILDREN)
+@kopf.on.event("", "v1", "serviceaccounts", labels=CHILDREN)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILDREN)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=CHILDREN)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILDREN)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILDREN)
+@kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
+def on_child(namespace: str, labels: dict, **_) -> None:
+    reconcile_service(namespace, labels[LABEL_SERVICE])
+
+
+def plain(body) -> dict:
+    """A kopf body as a plain dict."""
+    return json.loads(json.dumps(body, default=dict))

@@ -1,0 +1,140 @@
+"""The operator's only door to the cluster: server-side apply, reads, prune.
+
+Paths are built from a fixed table of the kinds the renderer emits, so no
+discovery round-trips are needed at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
+
+FIELD_MANAGER = "pd-operator"
+
+# kind -> (apiVersion, plural)
+KINDS: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("v1", "configmaps"),
+    "Service": ("v1", "services"),
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "Deployment": ("apps/v1", "deployments"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "Role": ("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+}
+
+
+def _path(api_version: str, plural: str, namespace: str, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+class Kube:
+    """Thin wrapper over the Kubernetes REST API for the controller."""
+
+    def __init__(self, api_client: client.ApiClient | None = None):
+        self.api = api_client or client.ApiClient()
+
+    # -- raw calls ---------------------------------------------------------------
+    def _call(self, method: str, path: str, body: Any = None, query: list | None = None, content_type: str | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        data = self.api.call_api(
+            path, method, query_params=query or [], header_params=headers, body=body,
+            response_type=None, auth_settings=["BearerToken"], _return_http_data_only=True, _preload_content=False,
+        )
+        raw = data.data if hasattr(data, "data") else data
+        return json.loads(raw) if raw else None
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        api_version, plural = KINDS[kind]
+        try:
+            return self._call("GET", _path(api_version, plural, namespace, name))
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, selector: dict[str, str]) -> list[dict]:
+        api_version, plural = KINDS[kind] if kind in KINDS else ("v1", "pods")
+        sel = ",".join(f"{k}={v}" for k, v in selector.items())
+        out = self._call("GET", _path(api_version, plural, namespace), query=[("labelSelector", sel)])
+        return out.get("items", []) if out else []
+
+    def pods(self, namespace: str, selector: dict[str, str]) -> list[dict]:
+        sel = ",".join(f"{k}={v}" for k, v in selector.items())
+        out = self._call("GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", sel)])
+        return out.get("items", []) if out else []
+
+    # -- writes ------------------------------------------------------------------
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply with the operator's one field manager."""
+        api_version, plural = KINDS[obj["kind"]]
+        meta = obj["metadata"]
+        return self._call(
+            "PATCH",
+            _path(api_version, plural, meta["namespace"], meta["name"]),
+            body=obj,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        api_version, plural = KINDS[kind]
+        try:
+            self._call("DELETE", _path(api_version, plural, namespace, name), body={"propagationPolicy": "Background"})
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def prune(self, namespace: str, service: str, keep: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Delete children of ``service`` that the current spec no longer renders."""
+        removed = []
+        selector = {LABEL_SERVICE: service, LABEL_MANAGED_BY: FIELD_MANAGER}
+        for kind in KINDS:
+            for obj in self.list(kind, namespace, selector):
+                key = (kind, obj["metadata"]["name"])
+                if key not in keep:
+                    self.delete(kind, namespace, key[1])
+                    removed.append(key)
+        return removed
+
+    # -- the custom resource ---------------------------------------------------------
+    def get_service(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._call("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}")
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        self._call(
+            "PATCH",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def secret_problem(self, namespace: str, name: str, key: str) -> str | None:
+        """Why a referenced Secret key cannot be used (None: it can)."""
+        try:
+            secret = self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        except ApiException as err:
+            if err.status == 404:
+                return f"Secret {namespace}/{name} not found: create it, e.g. kubectl -n {namespace} create secret generic {name} --from-literal={key}=..."
+            if err.status == 403:
+                return None  # not allowed to check (RBAC without Secret reads): the kubelet will tell
+            raise
+        data = {**(secret.get("data") or {}), **(secret.get("stringData") or {})}
+        if key not in data:
+            return f"Secret {namespace}/{name} has no key {key!r} (it has: {', '.join(sorted(data)) or 'none'})"
+        return None

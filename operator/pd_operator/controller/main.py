@@ -1,0 +1,51 @@
+"""``python -m pd_operator`` / ``pd-operator``: run the operator."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import kopf
+from kubernetes import config as kube_config
+from prometheus_client import start_http_server
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pd-operator", description="Run the pd-operator controller (kopf).")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default when no --namespace)")
+    p.add_argument("--liveness-port", type=int, default=8080, help="port of the liveness endpoint /healthz (0: off)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="port of the Prometheus metrics endpoint (0: off)")
+    p.add_argument("--bind", default="0.0.0.0", help="address the liveness and metrics endpoints bind")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()
+
+    from . import handlers  # registers the handlers
+
+    del handlers
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.bind)
+    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Status of a PDInferenceService from what is observed in the cluster.
+
+Pure: the observed objects and the clock come in, the status dict goes out.
+The messages say what is wrong and what to change, so that the
+troubleshooting list users otherwise keep by hand reads from
+``kubectl describe pdservice``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..api.models import PDInferenceService
+from ..render import endpoint
+from ..render.pools import gpu_count
+
+ROLES = ("prefill", "decode")
+
+
+@dataclass
+class Observed:
+    """What the controller saw of one service's children."""
+
+    statefulsets: dict[str, dict | None]
+    """role -> StatefulSet (None: missing)."""
+    router: dict | None
+    """The router Deployment."""
+    pods: dict[str, list[dict]]
+    """role -> pods of that role (prefill, decode, router)."""
+    missing_secrets: list[tuple[str, str]] = field(default_factory=list)
+    """(spec field, what is missing and how to fix it)."""
+    spec_error: list[tuple[str, str]] | None = None
+    """Problems that made the spec unusable (field, message)."""
+    apply_error: str | None = None
+    """The last apply failure, if any."""
+
+
+def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int | None) -> dict:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    return {"type": type_, "status": status, "reason": reason, "message": message, "observedGeneration": generation}
+
+
+def merge_conditions(previous: list[dict], current: list[dict], now: str) -> list[dict]:
+    """Keep lastTransitionTime when a condition's status did not change."""
+    before = {c.get("type"): c for c in previous or []}
+    out = []
+    for cond in current:
+        old = before.get(cond["type"])
+        same = old is not None and old.get("status") == cond["status"]
+        out.append({**cond, "lastTransitionTime": old.get("lastTransitionTime", now) if same else now})
+    return out
+
+
+# --------------------------------------------------------------------------
+# Why pods are Pending
+# --------------------------------------------------------------------------
+
+
+def unschedulable_reason(svc: PDInferenceService, role: str, message: str) -> str:
+    """Turn the scheduler's message into what is wrong and what to change."""
+    spec = svc.spec
+    topo = spec.topology
+    pool = spec.prefill if role == "prefill" else spec.decode
+    rdma = spec.kv_transfer.rdma.resource_name
+    hints = []
+    if f"Insufficient {topo.gpu_resource_name}" in message:
+        hints.append(
+            f"not enough free {topo.gpu_resource_name}: each {role} pod needs {gpu_count(svc, role)} on one node; "
+            f"free GPUs, add nodes, or lower {role}.replicas / parallel sizes"
+        )
+    if rdma and f"Insufficient {rdma}" in message:
+        hints.append(
+            f"no free {rdma} (kvTransfer.rdma.resourceName): check that the RDMA device plugin runs on the GPU nodes "
+            "and that the resource name matches it"
+        )
+    if "node affinity/selector" in message or "didn't match Pod's node affinity" in message:
+        what = f"{topo.gpu_product_label}={pool.gpu_product}" if pool.gpu_product else "the pool's nodeSelector"
+        hints.append(f"no node matches {what}: check {role}.gpuProduct / nodeSelector against your node labels")
+    if "pod affinity" in message:
+        hints.append(
+            f"no room next to a prefill pod in its NVLink domain ({topo.nvlink_domain_key}) for topology.colocate "
+            "required: use colocate preferred, or free GPUs in that domain"
+        )
+    if "untolerated taint" in message:
+        hints.append(f"the nodes have taints the pods do not tolerate: add {role}.tolerations")
+    if not hints:
+        hints.append(message.strip() or "the scheduler has not placed the pod yet")
+    return "; ".join(hints)
+
+
+def _pending(pods: list[dict]) -> list[tuple[dict, str]]:
+    out = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Pending" or pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                out.append((pod, cond.get("message") or cond.get("reason") or ""))
+    return out
+
+
+# --------------------------------------------------------------------------
+# Pools, router, conditions
+# --------------------------------------------------------------------------
+
+
+def pool_status(sts: dict | None, pods: list[dict]) -> dict:
+    st = (sts or {}).get("status") or {}
+    desired = ((sts or {}).get("spec") or {}).get("replicas", 0) if sts else 0
+    return {
+        "replicas": st.get("replicas", 0) or 0,
+        "readyReplicas": st.get("readyReplicas", 0) or 0,
+        "desiredReplicas": desired or 0,
+        "pendingReplicas": len(_pending(pods)),
+    }
+
+
+def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: list[dict], gen: int | None) -> tuple[dict, bool]:
+    """(condition, unschedulable)"""
+    type_ = "PrefillReady" if role == "prefill" else "DecodeReady"
+    if sts is None:
+        return condition(type_, False, "NotCreated", f"the {role} StatefulSet does not exist yet", gen), False
+    ps = pool_status(sts, pods)
+    desired, ready = ps["desiredReplicas"], ps["readyReplicas"]
+    pending = _pending(pods)
+    if pending:
+        pod, msg = pending[0]
+        why = unschedulable_reason(svc, role, msg)
+        return condition(type_, ready >= desired > 0, "Unschedulable",
+                         f"{len(pending)} {role} pod(s) cannot be scheduled ({pod['metadata']['name']}): {why}", gen), True
+    if desired == 0:
+        return condition(type_, False, "ScaledToZero", f"{role}.replicas is 0: the service cannot answer", gen), False
+    if ready < desired:
+        return condition(type_, False, "Starting",
+                         f"{ready}/{desired} {role} pods ready; the others are starting (model load can take minutes)", gen), False
+    return condition(type_, True, "AllReplicasReady", f"{ready}/{desired} {role} pods ready", gen), False
+
+
+def _router_condition(svc: PDInferenceService, obs: Observed, gen: int | None) -> dict:
+    dep = obs.router
+    if dep is None:
+        return condition("RouterReady", False, "NotCreated", "the router Deployment does not exist yet", gen)
+    want = (dep.get("spec") or {}).get("replicas", 1)
+    ready = ((dep.get("status") or {}).get("readyReplicas") or 0)
+    workers = {role: ((obs.statefulsets.get(role) or {}).get("status") or {}).get("readyReplicas", 0) or 0 for role in ROLES}
+    idle = [role for role in ROLES if workers[role] == 0]
+    if ready >= want and idle:
+        return condition("RouterReady", False, "NoReadyWorkers",
+                         f"the router is up but has no ready {' or '.join(idle)} workers: requests fail until one is ready", gen)
+    if ready < want:
+        return condition("RouterReady", False, "Starting", f"{ready}/{want} router pods ready", gen)
+    return condition("RouterReady", True, "Ready", f"{ready}/{want} router pods ready, routing to {workers['prefill']} prefill and {workers['decode']} decode workers", gen)
+
+
+def _rolling(sts: dict | None) -> bool:
+    if not sts:
+        return True
+    st = sts.get("status") or {}
+    desired = (sts.get("spec") or {}).get("replicas", 0)
+    if st.get("observedGeneration", 0) < (sts.get("metadata") or {}).get("generation", 0):
+        return True
+    if st.get("updateRevision") and st.get("currentRevision") and st["updateRevision"] != st["currentRevision"]:
+        return True
+    return (st.get("readyReplicas", 0) or 0) != desired or (st.get("replicas", 0) or 0) != desired
+
+
+def compute_status(svc: PDInferenceService | None, obs: Observed, generation: int | None, previous: dict | None, now: str) -> dict:
+    """The whole status subresource."""
+    previous = previous or {}
+    gen = generation
+    if svc is None or obs.spec_error:
+        problems = "; ".join(f"{f}: {m}" for f, m in (obs.spec_error or [])) or "the spec could not be read"
+        conds = [
+            condition("Ready", False, "InvalidSpec", problems, gen),
+            condition("Degraded", True, "InvalidSpec", problems, gen),
+            condition("Progressing", False, "InvalidSpec", "nothing is applied until the spec is fixed", gen),
+        ]
+        return {**{k: v for k, v in previous.items() if k != "conditions"},
+                "observedGeneration": gen, "conditions": merge_conditions(previous.get("conditions", []), conds, now)}
+
+    conds = []
+    unschedulable = False
+    status: dict = {"observedGeneration": gen}
+    for role in ROLES:
+        cond, unsched = _pool_condition(svc, role, obs.statefulsets.get(role), obs.pods.get(role, []), gen)
+        unschedulable |= unsched
+        conds.append(cond)
+        ps = pool_status(obs.statefulsets.get(role), obs.pods.get(role, []))
+        prev_pool = previous.get(role) or {}
+        ps = {**{k: v for k, v in prev_pool.items() if k.startswith("lastScale")}, **ps}
+        status[role] = ps
+        status[f"{role}Ready"] = f"{ps['readyReplicas']}/{ps['desiredReplicas']}"
+    conds.append(_router_condition(svc, obs, gen))
+
+    degraded = []
+    if obs.missing_secrets:
+        degraded.append(("SecretNotFound", "; ".join(f"{f}: {m}" for f, m in obs.missing_secrets)))
+    if obs.apply_error:
+        degraded.append(("ApplyFailed", obs.apply_error))
+    if unschedulable:
+        degraded.append(("Unschedulable", next(c["message"] for c in conds if c["reason"] == "Unschedulable")))
+    rolling = [role for role in ROLES if _rolling(obs.statefulsets.get(role))]
+    conds.append(
+        condition("Progressing", bool(rolling), "RollingOut" if rolling else "Stable",
+                  f"{' and '.join(rolling)} rolling out or scaling" if rolling else "all pools at their desired state", gen)
+    )
+    conds.append(
+        condition("Degraded", bool(degraded), degraded[0][0] if degraded else "AsExpected",
+                  " | ".join(m for _, m in degraded) if degraded else "no problems found", gen)
+    )
+    parts = [c for c in conds if c["type"] in ("PrefillReady", "DecodeReady", "RouterReady") and c["status"] != "True"]
+    if degraded:
+        ready = condition("Ready", False, degraded[0][0], degraded[0][1], gen)
+    elif parts:
+        ready = condition("Ready", False, parts[0]["reason"], parts[0]["message"], gen)
+    else:
+        ready = condition("Ready", True, "Ready", f"serving {svc.spec.served_model_name()} at {endpoint(svc)}", gen)
+    conds.insert(0, ready)
+
+    status["conditions"] = merge_conditions(previous.get("conditions", []), conds, now)
+    status["servedModelName"] = svc.spec.served_model_name()
+    status["endpoint"] = endpoint(svc)
+    if previous.get("metrics"):
+        status["metrics"] = previous["metrics"]
+    return status

@@ -1,0 +1,103 @@
+"""Status from observed children: conditions, reasons with the fix, columns."""
+
+from __future__ import annotations
+
+from pd_operator.api import validate_service
+from pd_operator.controller.status import Observed, compute_status, merge_conditions, unschedulable_reason
+from tests.conftest import minimal
+
+NOW = "2026-11-30T10:00:00Z"
+
+
+def sts(desired, ready, gen=1, observed=1, rev=("a", "a")):
+    return {
+        "metadata": {"generation": gen},
+        "spec": {"replicas": desired},
+        "status": {"replicas": desired, "readyReplicas": ready, "observedGeneration": observed,
+                   "currentRevision": rev[0], "updateRevision": rev[1]},
+    }
+
+
+def deploy(want, ready):
+    return {"spec": {"replicas": want}, "status": {"readyReplicas": ready}}
+
+
+def pending_pod(name, message):
+    return {"metadata": {"name": name}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
+
+
+def conds(status):
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_all_ready():
+    svc = validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "servedName": "qwen"}))
+    obs = Observed({"prefill": sts(2, 2), "decode": sts(1, 1)}, deploy(1, 1), {})
+    st = compute_status(svc, obs, 3, None, NOW)
+    c = conds(st)
+    assert c["Ready"]["status"] == "True" and "qwen" in c["Ready"]["message"]
+    assert c["Progressing"]["status"] == "False" and c["Degraded"]["status"] == "False"
+    assert st["prefillReady"] == "2/2" and st["decodeReady"] == "1/1"
+    assert st["endpoint"] == "http://svc-router.ns.svc:8000/v1"
+    assert st["observedGeneration"] == 3
+    assert all(x["observedGeneration"] == 3 and x["lastTransitionTime"] == NOW for x in st["conditions"])
+    assert st["conditions"][0]["type"] == "Ready"
+
+
+def test_pending_for_gpus_says_why_and_what_to_do():
+    svc = validate_service(minimal(prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 4}))
+    msg = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available: 4 No preemption victims found for incoming pod."
+    obs = Observed({"prefill": sts(3, 2), "decode": sts(1, 1)}, deploy(1, 1), {"prefill": [pending_pod("svc-prefill-2", msg)]})
+    st = compute_status(svc, obs, 1, None, NOW)
+    c = conds(st)
+    assert c["PrefillReady"]["reason"] == "Unschedulable"
+    assert "needs 4" in c["PrefillReady"]["message"] and "nvidia.com/gpu" in c["PrefillReady"]["message"]
+    assert c["Degraded"]["status"] == "True" and c["Ready"]["status"] == "False"
+    assert st["prefill"]["pendingReplicas"] == 1
+
+
+def test_unschedulable_reasons_map_to_fixes():
+    svc = validate_service(minimal(prefill={"gpuProduct": "NVIDIA-B200"}, kvTransfer={"rdma": {"resourceName": "rdma/ib"}}, topology={"colocate": "required"}))
+    assert "NVIDIA-B200" in unschedulable_reason(svc, "prefill", "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.")
+    assert "device plugin" in unschedulable_reason(svc, "decode", "0/4 nodes are available: 4 Insufficient rdma/ib.")
+    assert "colocate preferred" in unschedulable_reason(svc, "decode", "0/4 nodes are available: 4 node(s) didn't match pod affinity rules.")
+    assert "tolerations" in unschedulable_reason(svc, "decode", "0/4 nodes are available: 4 node(s) had untolerated taint {gpu: true}.")
+
+
+def test_missing_secret_is_degraded_with_the_command_to_fix():
+    svc = validate_service(minimal(engine={"kind": "vllm", "apiKeySecretRef": {"name": "key"}}))
+    obs = Observed({"prefill": sts(1, 1), "decode": sts(1, 1)}, deploy(1, 1), {},
+                   missing_secrets=[("spec.engine.apiKeySecretRef", "Secret ns/key not found: create it")])
+    c = conds(compute_status(svc, obs, 1, None, NOW))
+    assert c["Ready"]["reason"] == "SecretNotFound" and "spec.engine.apiKeySecretRef" in c["Ready"]["message"]
+
+
+def test_router_without_workers():
+    svc = validate_service(minimal())
+    obs = Observed({"prefill": sts(1, 0), "decode": sts(1, 1)}, deploy(1, 1), {})
+    c = conds(compute_status(svc, obs, 1, None, NOW))
+    assert c["RouterReady"]["reason"] == "NoReadyWorkers" and "prefill" in c["RouterReady"]["message"]
+    assert c["PrefillReady"]["reason"] == "Starting"
+
+
+def test_rollout_is_progressing():
+    svc = validate_service(minimal())
+    obs = Observed({"prefill": sts(1, 1, rev=("a", "b")), "decode": sts(1, 1, gen=2, observed=1)}, deploy(1, 1), {})
+    c = conds(compute_status(svc, obs, 1, None, NOW))
+    assert c["Progressing"]["status"] == "True" and "prefill and decode" in c["Progressing"]["message"]
+
+
+def test_invalid_spec_status():
+    obs = Observed({}, None, {}, spec_error=[("spec.engine.extraArgs", "vllm 0.33.0 has no flag --watermark")])
+    st = compute_status(None, obs, 5, {"prefillReady": "1/1"}, NOW)
+    c = conds(st)
+    assert c["Ready"]["reason"] == "InvalidSpec" and "--watermark" in c["Ready"]["message"]
+    assert st["prefillReady"] == "1/1"  # last known figures kept
+
+
+def test_transition_time_kept_while_status_unchanged():
+    first = merge_conditions([], [{"type": "Ready", "status": "True"}], "t1")
+    again = merge_conditions(first, [{"type": "Ready", "status": "True"}], "t2")
+    flip = merge_conditions(again, [{"type": "Ready", "status": "False"}], "t3")
+    assert again[0]["lastTransitionTime"] == "t1" and flip[0]["lastTransitionTime"] == "t3"
