@@ -330,7 +330,7 @@ class NixlOptions(Base):
 class MooncakeOptions(Base):
     """Mooncake transfer options (vLLM MooncakeConnector, SGLang mooncake backend)."""
 
-    protocol: Literal["rdma", "tcp"] = Field("rdma", description="Mooncake transfer-engine protocol: rdma, or tcp for clusters without RDMA.")
+    protocol: Literal["rdma", "tcp"] = Field("rdma", description="Mooncake transfer protocol: rdma, or tcp for clusters without RDMA (vLLM mooncake_protocol; SGLang backend mooncake_tcp).")
 
 
 class LMCacheOptions(Base):

@@ -96,7 +96,7 @@ class RouterAdapter(ABC):
             self.version,
             self.managed_flags,
             [("spec.router.extraArgs", self.spec.router.extra_args)],
-            [],
+            ["python3", "-m", self.module],
             self.svc.metadata.name,
         )
 

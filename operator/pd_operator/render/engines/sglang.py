@@ -7,9 +7,10 @@ set is in flagsets/sglang-0.5.23.json and a contract test checks every line):
   ``--prefill-only`` are router/blog inventions, not server flags).
 - ``--disaggregation-transfer-backend mooncake|nixl``,
   ``--disaggregation-bootstrap-port`` on prefill, ``--disaggregation-ib-device``.
-- Unequal TP/DP: the prefill server is told the decode side's
-  ``--disaggregation-decode-tp`` / ``--disaggregation-decode-dp``, and
-  SGLANG_DISAGG_STAGING_BUFFER=1 turns on the staging buffer.
+- Unequal TP: SGLANG_DISAGG_STAGING_BUFFER=1 turns on the staging buffer.
+  ``--disaggregation-decode-tp/-dp`` (older releases, and many guides) do not
+  exist in 0.5.23: the bootstrap handshake carries the decode layout.
+- Mooncake over TCP is its own backend name, ``mooncake_tcp``.
 - Metrics only with ``--enable-metrics``; auth with ``--api-key`` (its value
   comes from a Secret through the environment, expanded by the kubelet).
 """
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 from ..common import secret_env
 from .base import EngineAdapter
+from .flagset import has_flag
 
-API_KEY_ENV = "SGLANG_API_KEY"
+# Not an SGLang variable: the kubelet expands $(PD_ENGINE_API_KEY) in the
+# command line from the Secret, so the key never appears in the manifest.
+API_KEY_ENV = "PD_ENGINE_API_KEY"
 
 
 class SGLangAdapter(EngineAdapter):
@@ -57,15 +61,20 @@ class SGLangAdapter(EngineAdapter):
             argv += ["--dp-size", str(pool.data_parallel_size)]
         argv += [
             "--disaggregation-mode", role,
-            "--disaggregation-transfer-backend", spec.backend(),
+            "--disaggregation-transfer-backend", self.transfer_backend(),
         ]
         if role == "prefill":
             argv += ["--disaggregation-bootstrap-port", str(kvt.bootstrap_port)]
+            # Older SGLang told the prefill side the decode layout; 0.5.23 has
+            # no such flags (the bootstrap handshake carries it), so they are
+            # emitted only for versions whose parser has them.
             decode = spec.decode
-            if decode.tensor_parallel_size != pool.tensor_parallel_size:
-                argv += ["--disaggregation-decode-tp", str(decode.tensor_parallel_size)]
-            if decode.data_parallel_size != pool.data_parallel_size:
-                argv += ["--disaggregation-decode-dp", str(decode.data_parallel_size)]
+            for flag, mine, theirs in (
+                ("--disaggregation-decode-tp", pool.tensor_parallel_size, decode.tensor_parallel_size),
+                ("--disaggregation-decode-dp", pool.data_parallel_size, decode.data_parallel_size),
+            ):
+                if mine != theirs and has_flag("sglang", self.version, flag):
+                    argv += [flag, str(theirs)]
         if kvt.rdma.ib_devices:
             argv += ["--disaggregation-ib-device", ",".join(d.split(":")[0] for d in kvt.rdma.ib_devices)]
         if spec.model.max_model_len:
@@ -88,6 +97,12 @@ class SGLangAdapter(EngineAdapter):
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
         return argv
 
+    def transfer_backend(self) -> str:
+        backend = self.spec.backend()
+        if backend == "mooncake" and self.spec.kv_transfer.mooncake.protocol == "tcp":
+            return "mooncake_tcp"
+        return backend
+
     def engine_env(self, role: str) -> list[dict]:
         spec = self.spec
         env: list[dict] = []
@@ -108,4 +123,4 @@ class SGLangAdapter(EngineAdapter):
         return ports
 
     def flagset_argv(self) -> list[str]:
-        return ["--model-path", "model"]
+        return ["python3", "-m", "sglang.launch_server", "--model-path", "model"]

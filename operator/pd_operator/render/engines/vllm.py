@@ -72,6 +72,8 @@ class VLLMAdapter(EngineAdapter):
                 }
         else:
             cfg["kv_role"] = "kv_producer" if producer else "kv_consumer"
+        if backend == "mooncake" and kvt.mooncake.protocol != "rdma":
+            cfg["kv_connector_extra_config"] = {"mooncake_protocol": kvt.mooncake.protocol}
         if backend == "moriio":
             cfg["kv_connector_extra_config"] = {
                 "handshake_port": kvt.moriio.handshake_port,
@@ -161,4 +163,4 @@ class VLLMAdapter(EngineAdapter):
         return {LMCACHE_CONFIG_FILE.rsplit("/", 1)[1]: yaml.safe_dump(config, sort_keys=False)}
 
     def flagset_argv(self) -> list[str]:
-        return ["serve", "model"]
+        return ["vllm", "serve", "model"]
