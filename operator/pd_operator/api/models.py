@@ -104,10 +104,13 @@ class Base(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-def obj(default: bool = True, **kw):
-    """A nested-object field that defaults to an empty object, as the CRD does."""
-    if default:
-        kw.setdefault("json_schema_extra", {})["default"] = {}
+def obj(**kw):
+    """A nested-object field that defaults to its class's defaults.
+
+    The CRD default is the whole defaulted object, not ``{}``: the API server
+    checks a default against the CEL rules as written, before nested defaults.
+    """
+    kw.setdefault("json_schema_extra", {})["default"] = kw["default_factory"]().dump()
     return Field(**kw)
 
 

@@ -1,7 +1,9 @@
 """kopf handlers. Thin: each one asks for a reconcile of one service.
 
 - create/update/resume of a PDInferenceService: reconcile now;
-- a timer every RESYNC_SECONDS: drift and status backstop;
+- one resync loop for all services every RESYNC_SECONDS: the drift and
+  status backstop (one loop, not a kopf timer per object: kopf would put a
+  finalizer on every service to stop its timer, and nothing here needs one);
 - events of the children (StatefulSets, Deployments, Services, pods, ...):
   reconcile the owning service, so a child edited or deleted by hand is
   restored within seconds and status follows the pods.
@@ -15,6 +17,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 import kopf
 
@@ -24,6 +27,7 @@ from .reconcile import reconcile
 
 # Drift backstop; child events restore hand edits within seconds already.
 RESYNC_SECONDS = float(os.environ.get("PD_OPERATOR_RESYNC_SECONDS", "60"))
+CHILD_SETTLE_SECONDS = 0.5
 STATE: dict = {"kube": None}
 _guard = threading.Lock()
 _runs: dict[tuple[str, str], dict] = {}
@@ -42,8 +46,12 @@ def post_event(body: dict, type_: str, reason: str, message: str) -> None:
         logging.getLogger(__name__).debug("event not posted", exc_info=True)
 
 
-def reconcile_service(namespace: str, name: str) -> None:
-    """Reconcile the latest version of one service, coalescing concurrent requests."""
+def reconcile_service(namespace: str, name: str, settle: float = 0.0) -> None:
+    """Reconcile the latest version of one service, coalescing concurrent requests.
+
+    ``settle``: wait this long before reading, so a burst of child events
+    (a rollout touches many pods) collapses into one reconcile.
+    """
     key = (namespace, name)
     with _guard:
         run = _runs.setdefault(key, {"running": False, "dirty": False})
@@ -52,6 +60,8 @@ def reconcile_service(namespace: str, name: str) -> None:
             return
         run["running"] = True
     try:
+        if settle:
+            time.sleep(settle)
         while True:
             body = kube().get_service(namespace, name)
             if body is not None and not body["metadata"].get("deletionTimestamp"):
@@ -73,7 +83,8 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
-    settings.posting.level = logging.INFO
+    # Our own events are posted explicitly; kopf's per-handler chatter is not.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.connect_timeout = 10
@@ -89,9 +100,29 @@ def on_service(namespace: str, name: str, **_) -> None:
     reconcile_service(namespace, name)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(namespace: str, name: str, **_) -> None:
-    reconcile_service(namespace, name)
+def resync_forever(namespaces: list[str], stop: threading.Event) -> None:
+    """Reconcile every service in scope every RESYNC_SECONDS until stopped."""
+    log = logging.getLogger(__name__)
+    while not stop.wait(RESYNC_SECONDS):
+        for namespace in namespaces or [None]:
+            try:
+                for body in kube().list_services(namespace):
+                    reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
+            except Exception:
+                log.exception("resync of namespace %s failed; retrying in %ss", namespace or "(all)", RESYNC_SECONDS)
+
+
+@kopf.on.startup()
+def start_resync(memo: kopf.Memo, **_) -> None:
+    stop = threading.Event()
+    memo["resync_stop"] = stop
+    threading.Thread(target=resync_forever, args=(STATE.get("namespaces", []), stop), name="resync", daemon=True).start()
+
+
+@kopf.on.cleanup()
+def stop_resync(memo: kopf.Memo, **_) -> None:
+    if "resync_stop" in memo:
+        memo["resync_stop"].set()
 
 
 CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}
@@ -108,7 +139,7 @@ CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILDREN)
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
 def on_child(namespace: str, labels: dict, **_) -> None:
-    reconcile_service(namespace, labels[LABEL_SERVICE])
+    reconcile_service(namespace, labels[LABEL_SERVICE], settle=CHILD_SETTLE_SECONDS)
 
 
 def plain(body) -> dict:

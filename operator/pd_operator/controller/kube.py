@@ -47,11 +47,16 @@ class Kube:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
-        data = self.api.call_api(
-            path, method, query_params=query or [], header_params=headers, body=body,
-            response_type=None, auth_settings=["BearerToken"], _return_http_data_only=True, _preload_content=False,
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        method, url, headers, body, _ = self.api.param_serialize(
+            method=method, resource_path=path, query_params=query or [], header_params=headers,
+            body=body, auth_settings=["BearerToken"],
         )
-        raw = data.data if hasattr(data, "data") else data
+        resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
+        raw = resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(status=resp.status, reason=resp.reason, body=raw.decode("utf-8", "replace") if raw else "")
         return json.loads(raw) if raw else None
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
@@ -115,6 +120,11 @@ class Kube:
             if err.status == 404:
                 return None
             raise
+
+    def list_services(self, namespace: str | None) -> list[dict]:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}" if namespace else f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+        out = self._call("GET", path)
+        return out.get("items", []) if out else []
 
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
         self._call(

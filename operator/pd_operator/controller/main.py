@@ -34,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import handlers  # registers the handlers
 
-    del handlers
+    handlers.STATE["namespaces"] = list(args.namespace)
+    if not args.verbose:
+        # kopf logs every handler run at INFO; child events make that a flood.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
     liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None

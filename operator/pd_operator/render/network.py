@@ -23,10 +23,12 @@ def network_policy(svc: PDInferenceService, engine: EngineAdapter) -> dict:
     scrapers = []
     for peer in svc.spec.network_policy.metrics_from:
         item = {}
+        # Empty selectors are written as {} (as the API server stores them), or
+        # every apply would look like a change.
         if peer.namespace_selector is not None:
-            item["namespaceSelector"] = peer.namespace_selector.dump()
+            item["namespaceSelector"] = {k: v for k, v in peer.namespace_selector.dump().items() if v}
         if peer.pod_selector is not None:
-            item["podSelector"] = peer.pod_selector.dump()
+            item["podSelector"] = {k: v for k, v in peer.pod_selector.dump().items() if v}
         scrapers.append(item)
     ingress = [
         {"from": [{"podSelector": {"matchLabels": selector_labels(svc, "router")}}], "ports": router_ports},
