@@ -105,7 +105,8 @@ def test_vllm_nixl_flags_and_side_channel_from_pod_ip():
         cmd = c["command"]
         assert cmd[:3] == ["vllm", "serve", "Qwen/Qwen3-8B"]
         cfg = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
-        assert cfg["kv_connector"] == "NixlConnector" and cfg["kv_role"] == "kv_both"
+        assert cfg["kv_connector"] == "NixlConnector"
+        assert cfg["kv_role"] == ("kv_producer" if role == "prefill" else "kv_consumer")
         assert ("kv_load_failure_policy" in cfg) == (role == "decode")
         env = env_of(c)
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}

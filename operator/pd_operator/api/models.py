@@ -569,9 +569,10 @@ class RouterServiceSpec(Base):
 class RouterSpec(Base):
     """The PD router: the one endpoint clients use. It sends each request to a
     prefill and a decode worker, which it finds by label selector. It presents
-    engine.apiKeySecretRef to the workers. The pinned routers have no check of
-    client keys of their own: put client authentication in the gateway or
-    ingress in front of the router Service."""
+    engine.apiKeySecretRef to the workers, so the two auth layers cannot
+    disagree. sglang-router 0.3.2 also requires that key from clients;
+    vllm-router 0.1.17 has no client-key check of its own: put client
+    authentication in the gateway or ingress in front of its Service."""
 
     kind: Literal["auto", "vllm-router", "sglang-router"] = Field(
         "auto", description="Router implementation; auto picks vllm-router for vllm and sglang-router for sglang."

@@ -5,9 +5,10 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
 - ``vllm serve MODEL``; ``--kv-transfer-config`` takes the KVTransferConfig
   JSON (``kv_connector``, ``kv_role``, ``kv_connector_extra_config``,
   ``kv_load_failure_policy``).
-- NixlConnector: both sides ``kv_both`` (the router decides the direction);
-  side channel from env VLLM_NIXL_SIDE_CHANNEL_HOST (the pod IP, downward API)
-  and VLLM_NIXL_SIDE_CHANNEL_PORT.
+- NixlConnector: ``kv_producer`` on prefill, ``kv_consumer`` on decode
+  (0.33.0 deprecates ``kv_both`` for NIXL, which older guides and llm-d use);
+  side channel from env VLLM_NIXL_SIDE_CHANNEL_HOST (the pod IP, downward API;
+  the default is localhost) and VLLM_NIXL_SIDE_CHANNEL_PORT (+ the DP rank).
 - MooncakeConnector: ``kv_producer`` on prefill, ``kv_consumer`` on decode,
   VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill; equal TP.
 - lmcache backend: MultiConnector of NixlConnector (the PD handoff, which
@@ -57,21 +58,23 @@ class VLLMAdapter(EngineAdapter):
         kvt = self.spec.kv_transfer
         producer = role == "prefill"
         cfg: dict = {"kv_connector": CONNECTORS[backend]}
+        role_name = "kv_producer" if producer else "kv_consumer"
         if backend in ("nixl", "lmcache"):
-            nixl: dict = {"kv_connector": CONNECTORS["nixl"], "kv_role": "kv_both"}
+            nixl: dict = {"kv_connector": CONNECTORS["nixl"], "kv_role": role_name}
             if kvt.nixl.backends != ["UCX"]:
                 nixl["kv_connector_extra_config"] = {"backends": list(kvt.nixl.backends)}
             if backend == "nixl":
                 cfg = nixl
             else:
+                # LMCache both stores and loads on every pod (the cache tier)
                 lmcache = {"kv_connector": CONNECTORS["lmcache"], "kv_role": "kv_both"}
                 cfg = {
                     "kv_connector": "MultiConnector",
-                    "kv_role": "kv_both",
+                    "kv_role": role_name,
                     "kv_connector_extra_config": {"connectors": [nixl, lmcache]},
                 }
         else:
-            cfg["kv_role"] = "kv_producer" if producer else "kv_consumer"
+            cfg["kv_role"] = role_name
         if backend == "mooncake" and kvt.mooncake.protocol != "rdma":
             cfg["kv_connector_extra_config"] = {"mooncake_protocol": kvt.mooncake.protocol}
         if backend == "moriio":
@@ -140,7 +143,10 @@ class VLLMAdapter(EngineAdapter):
         kvt = self.spec.kv_transfer
         backend = self.spec.backend()
         if backend in ("nixl", "lmcache"):
-            ports.append({"name": "nixl", "containerPort": kvt.nixl.side_channel_port, "protocol": "TCP"})
+            # one side-channel port per data-parallel rank: base + rank
+            for rank in range(self.pool(role).data_parallel_size):
+                ports.append({"name": "nixl" if rank == 0 else f"nixl-{rank}",
+                              "containerPort": kvt.nixl.side_channel_port + rank, "protocol": "TCP"})
         elif backend == "mooncake" and role == "prefill":
             ports.append({"name": "bootstrap", "containerPort": kvt.bootstrap_port, "protocol": "TCP"})
         elif backend == "moriio":
