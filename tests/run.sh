@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command (README): installs what the tests need, builds the local
+# control plane if missing (cached outside the clone), runs the whole suite.
+#
+#   tests/run.sh                 everything: unit, contract, integration
+#   tests/run.sh -m "not integration"   no cluster needed
+#   tests/run.sh ARGS...         extra pytest arguments
+#
+# With KUBECONFIG pointing at a reachable cluster (kind, ...), the integration
+# tests use it instead of the local one.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet -e '.[test]'
+
+# The real control plane (kube-apiserver, etcd, scheduler, controller-manager,
+# kwok, helm) from Go modules; a no-op when the cache has it.
+if [[ -z "${KUBECONFIG:-}" ]]; then
+  e2e/controlplane/build.sh
+fi
+
+exec .venv/bin/python -m pytest "$@"
