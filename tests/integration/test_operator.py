@@ -8,7 +8,7 @@ become Running/Ready once the real scheduler has placed them.
 
 from __future__ import annotations
 
-import copy
+import json
 import os
 import random
 import signal
@@ -286,8 +286,9 @@ def test_invalid_spec_refused_by_the_api_server(crd, namespace, custom_objects, 
     with pytest.raises(ApiException) as info:
         create(custom_objects, body)
     assert info.value.status == 422
-    assert "spec.decode.tensorParallelSize" in info.value.body and "MooncakeConnector" in info.value.body
-    assert "minReplicas must be <= maxReplicas" in info.value.body
+    message = json.loads(info.value.body)["message"]
+    assert "spec.decode.tensorParallelSize" in message and "MooncakeConnector" in message
+    assert "spec.decode.autoscaling.minReplicas" in message and "minReplicas must be <= maxReplicas" in message
     assert not children(api_client, namespace, "bad")
 
 

@@ -15,6 +15,10 @@ from kubernetes.client.rest import ApiException
 from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
 
 FIELD_MANAGER = "pd-operator"
+# The single writer of the pools' replicas (spec, initial size, autoscaler).
+# A separate manager, so the main apply can leave replicas out without
+# releasing them to the StatefulSet default.
+REPLICAS_MANAGER = "pd-operator-replicas"
 
 # kind -> (apiVersion, plural)
 KINDS: dict[str, tuple[str, str]] = {
@@ -80,17 +84,24 @@ class Kube:
         return out.get("items", []) if out else []
 
     # -- writes ------------------------------------------------------------------
-    def apply(self, obj: dict) -> dict:
-        """Server-side apply with the operator's one field manager."""
+    def apply(self, obj: dict, manager: str = FIELD_MANAGER) -> dict:
+        """Server-side apply with one of the operator's field managers."""
         api_version, plural = KINDS[obj["kind"]]
         meta = obj["metadata"]
         return self._call(
             "PATCH",
             _path(api_version, plural, meta["namespace"], meta["name"]),
             body=obj,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", manager), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
+
+    def apply_replicas(self, kind: str, namespace: str, name: str, replicas: int) -> dict:
+        """Set only ``spec.replicas``, as the replicas writer."""
+        api_version, _ = KINDS[kind]
+        body = {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": replicas}}
+        return self.apply(body, manager=REPLICAS_MANAGER)
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         api_version, plural = KINDS[kind]

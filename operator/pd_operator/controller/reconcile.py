@@ -95,16 +95,17 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     apply_error = None
     pools = {child_name(svc, role): role for role in ("prefill", "decode")}
     for obj in objs:
+        role = pools.get(obj["metadata"]["name"]) if obj["kind"] == "StatefulSet" else None
         try:
-            kube.apply(obj)
+            if role is None:
+                kube.apply(obj)
+            else:
+                _apply_pool(kube, svc, obj, role, current.get(role), body, event)
         except ApiException as err:
             apply_error = f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err.status} {err.reason}: {_api_message(err)}"
             event(body, "Warning", "ApplyFailed", apply_error)
             break
         metrics.APPLIED.labels(obj["kind"]).inc()
-        role = pools.get(obj["metadata"]["name"]) if obj["kind"] == "StatefulSet" else None
-        if role in current and current[role] != obj["spec"]["replicas"]:
-            event(body, "Normal", "Scaled", f"{role} pool scaled from {current[role]} to {obj['spec']['replicas']} replicas")
     if not current and apply_error is None:
         event(body, "Normal", "Created", f"created {len(objs)} objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs))
     if apply_error is None:
@@ -133,6 +134,30 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     if apply_error:
         raise RuntimeError(apply_error)
     return status
+
+
+def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, body: dict, event: EventFn) -> None:
+    """Apply a pool's StatefulSet; write its replicas only when they are ours to set.
+
+    The main apply never carries replicas once the pool exists, so it cannot
+    undo a scale it did not decide. The replicas writer sets them at creation,
+    when the spec names a size (autoscaling off), and to keep an autoscaled
+    pool within minReplicas..maxReplicas.
+    """
+    namespace, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
+    desired = sts["spec"]["replicas"]
+    pool = svc.spec.prefill if role == "prefill" else svc.spec.decode
+    if current is None:
+        kube.apply(sts)
+        kube.apply_replicas("StatefulSet", namespace, name, desired)
+        return
+    main = {**sts, "spec": {k: v for k, v in sts["spec"].items() if k != "replicas"}}
+    kube.apply(main)
+    ours = (pool.replicas is not None and not pool.autoscaling.enabled) or (pool.autoscaling.enabled and desired != current)
+    if ours:
+        kube.apply_replicas("StatefulSet", namespace, name, desired)
+        if desired != current:
+            event(body, "Normal", "Scaled", f"{role} pool scaled from {current} to {desired} replicas")
 
 
 def _changed(previous: dict, status: dict) -> bool:
