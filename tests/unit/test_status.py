@@ -101,3 +101,12 @@ def test_transition_time_kept_while_status_unchanged():
     again = merge_conditions(first, [{"type": "Ready", "status": "True"}], "t2")
     flip = merge_conditions(again, [{"type": "Ready", "status": "False"}], "t3")
     assert again[0]["lastTransitionTime"] == "t1" and flip[0]["lastTransitionTime"] == "t3"
+
+
+def test_scale_reason_and_time_recorded_and_kept():
+    svc = validate_service(minimal())
+    obs = Observed({"prefill": sts(2, 1), "decode": sts(1, 1)}, deploy(1, 1), {}, scaled={"prefill": "prefill pool scaled from 1 to 2 replicas: spec.prefill.replicas is 2"})
+    st = compute_status(svc, obs, 2, None, NOW)
+    assert st["prefill"]["lastScaleTime"] == NOW and "from 1 to 2" in st["prefill"]["lastScaleReason"]
+    later = compute_status(svc, Observed({"prefill": sts(2, 2), "decode": sts(1, 1)}, deploy(1, 1), {}), 2, st, "2026-11-30T11:00:00Z")
+    assert later["prefill"]["lastScaleTime"] == NOW and "lastScaleTime" not in later["decode"]

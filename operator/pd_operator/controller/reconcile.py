@@ -89,10 +89,12 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         if previous.get("observedGeneration") != generation:
             event(body, "Warning", "InvalidSpec", str(err).replace("\n", " "))
         status = compute_status(None, Observed({}, None, {}, spec_error=err.problems), generation, previous, now_rfc3339())
-        kube.patch_status(namespace, name, status)
+        if _changed(previous, status):
+            kube.patch_status(namespace, name, status)
         return status
 
     apply_error = None
+    scaled: dict[str, str] = {}
     pools = {child_name(svc, role): role for role in ("prefill", "decode")}
     for obj in objs:
         role = pools.get(obj["metadata"]["name"]) if obj["kind"] == "StatefulSet" else None
@@ -100,7 +102,10 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             if role is None:
                 kube.apply(obj)
             else:
-                _apply_pool(kube, svc, obj, role, current.get(role), body, event)
+                reason = _apply_pool(kube, svc, obj, role, current.get(role))
+                if reason:
+                    scaled[role] = reason
+                    event(body, "Normal", "Scaled", reason)
         except ApiException as err:
             apply_error = f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err.status} {err.reason}: {_api_message(err)}"
             event(body, "Warning", "ApplyFailed", apply_error)
@@ -127,6 +132,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         pods={role: kube.pods(namespace, selector_labels(svc, role)) for role in ("prefill", "decode", "router")},
         missing_secrets=missing,
         apply_error=apply_error,
+        scaled=scaled,
     )
     status = compute_status(svc, observed, generation, previous, now_rfc3339())
     if _changed(previous, status):
@@ -136,13 +142,13 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     return status
 
 
-def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, body: dict, event: EventFn) -> None:
+def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None) -> str | None:
     """Apply a pool's StatefulSet; write its replicas only when they are ours to set.
 
     The main apply never carries replicas once the pool exists, so it cannot
     undo a scale it did not decide. The replicas writer sets them at creation,
     when the spec names a size (autoscaling off), and to keep an autoscaled
-    pool within minReplicas..maxReplicas.
+    pool within minReplicas..maxReplicas. Returns why the pool was resized, if it was.
     """
     namespace, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
     desired = sts["spec"]["replicas"]
@@ -150,14 +156,19 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, body
     if current is None:
         kube.apply(sts)
         kube.apply_replicas("StatefulSet", namespace, name, desired)
-        return
+        return None
     main = {**sts, "spec": {k: v for k, v in sts["spec"].items() if k != "replicas"}}
     kube.apply(main)
-    ours = (pool.replicas is not None and not pool.autoscaling.enabled) or (pool.autoscaling.enabled and desired != current)
-    if ours:
-        kube.apply_replicas("StatefulSet", namespace, name, desired)
-        if desired != current:
-            event(body, "Normal", "Scaled", f"{role} pool scaled from {current} to {desired} replicas")
+    if pool.autoscaling.enabled:
+        if desired == current:
+            return None
+        why = f"kept within autoscaling.minReplicas..maxReplicas ({pool.autoscaling.min_replicas}..{pool.autoscaling.max_replicas})"
+    elif pool.replicas is not None:
+        why = f"spec.{role}.replicas is {desired}"
+    else:
+        return None
+    kube.apply_replicas("StatefulSet", namespace, name, desired)
+    return f"{role} pool scaled from {current} to {desired} replicas: {why}" if desired != current else None
 
 
 def _changed(previous: dict, status: dict) -> bool:

@@ -33,6 +33,8 @@ class Observed:
     """Problems that made the spec unusable (field, message)."""
     apply_error: str | None = None
     """The last apply failure, if any."""
+    scaled: dict[str, str] = field(default_factory=dict)
+    """role -> why the operator resized that pool in this reconcile."""
 
 
 def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int | None) -> dict:
@@ -188,6 +190,8 @@ def compute_status(svc: PDInferenceService | None, obs: Observed, generation: in
         ps = pool_status(obs.statefulsets.get(role), obs.pods.get(role, []))
         prev_pool = previous.get(role) or {}
         ps = {**{k: v for k, v in prev_pool.items() if k.startswith("lastScale")}, **ps}
+        if role in obs.scaled:
+            ps["lastScaleTime"], ps["lastScaleReason"] = now, obs.scaled[role]
         status[role] = ps
         status[f"{role}Ready"] = f"{ps['readyReplicas']}/{ps['desiredReplicas']}"
     conds.append(_router_condition(svc, obs, gen))
