@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""Local Kubernetes control plane with GPU-shaped fake nodes, for tests and demos.
+
+    e2e/cluster.sh up       build what is missing, start (or create) the cluster,
+                            register the GPU nodes, print the kubeconfig path
+    e2e/cluster.sh down     stop every process of the cluster, keep its state
+                            (the next `up` is a warm start)
+    e2e/cluster.sh delete   stop and remove the cluster's state
+    e2e/cluster.sh status   print state, kubeconfig path and nodes
+    e2e/cluster.sh kubeconfig  print the kubeconfig path only
+    e2e/cluster.sh kubectl ARGS...   run the pinned kubectl against the cluster
+
+The pytest fixtures (tests/integration/conftest.py) import this module and call
+the same functions: ``up()``, ``down()``, ``is_running()``.
+
+What runs (all real binaries, built by e2e/controlplane/build.sh):
+  etcd 3.6, kube-apiserver, kube-controller-manager, kube-scheduler (the real
+  ones: CRD validation and CEL, SSA, GC, StatefulSet controller and the
+  GPU-aware scheduler are all genuine) and kwok-controller, which plays the
+  kubelet for the fake nodes in e2e/controlplane/nodes.yaml.
+
+Supervision is kwokctl's `binary` runtime: it writes certificates and
+configuration, starts each component as a detached process with a pid file and
+stops them again. Every binary path is given to it explicitly, so it never
+downloads anything (its downloader is only used for http(s) sources; a local
+path is symlinked). kwokctl's work directory is our cache directory:
+
+  ${XDG_CACHE_HOME:-~/.cache}/pd-operator/clusters/<name>/        kwokctl workdir
+  ${XDG_CACHE_HOME:-~/.cache}/pd-operator/clusters/<name>/kubeconfig
+
+Pod IPs, and why loopback: kwok gives each pod an IP from its node's
+spec.podCIDR. The nodes get 127.100.<N>.0/24 (nodes.yaml) and kwok's fallback
+CIDR and node IPs are loopback as well, so every address that the cluster
+reports for a pod is in 127.0.0.0/8. Linux routes the whole /8 to `lo`, so a
+test harness can start a local process bound to exactly the pod's IP and port
+(e.g. a simulated engine standing in for pod 127.100.1.3:8000) with no network
+setup, no root and no namespace; and no test traffic can ever leave the
+machine by accident (a 10.x pod IP would be routed to the default gateway).
+The price: the API server refuses loopback addresses in Endpoints and
+EndpointSlices, so Services cannot list their pods' IPs. The endpoint
+controllers of kube-controller-manager are therefore switched off (they would
+only retry failing writes and emit warning events; measured ~20 refused writes
+and ~7 events per Service in its first minute): Services exist, select pods and
+get ClusterIPs, but have no endpoints. Anything that finds pods by label through
+the API (the routers' Kubernetes discovery, Prometheus' pod role, our tests)
+works unchanged; nothing may wait for a Service's endpoints here. The
+alternative, a private range on interfaces inside a network namespace, would
+make Services complete but force every harness process into that namespace;
+not worth it for these tests.
+The service ClusterIP range is moved into loopback too (127.96.0.0/16) for the
+same reason: nothing should ever dial a 10.96.x.x address from this machine.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONTROLPLANE = HERE / "controlplane"
+NODES_YAML = CONTROLPLANE / "nodes.yaml"
+# PD_CLUSTER_NAME: run a second, separate local cluster (own ports, own state).
+DEFAULT_NAME = os.environ.get("PD_CLUSTER_NAME") or "pd-local"
+
+# The service ClusterIP range and kwok's own fallbacks: all loopback (see above).
+SERVICE_CIDR = "127.96.0.0/16"
+KWOK_FALLBACK_POD_CIDR = "127.100.255.0/24"  # pods on nodes without podCIDR
+KWOK_FALLBACK_NODE_IP = "127.101.0.254"  # nodes without an InternalIP
+
+
+def log(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for line in (CONTROLPLANE / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pd-operator"
+
+
+def bin_dirs() -> dict[str, Path]:
+    v = versions()
+    b = cache_root() / "bin"
+    return {
+        "k8s": b / f"kubernetes-{v['K8S_VERSION']}",
+        "etcd": b / f"etcd-{v['ETCD_VERSION']}",
+        "kwok": b / f"kwok-{v['KWOK_VERSION']}",
+        "helm": b / f"helm-{v['HELM_VERSION']}",
+    }
+
+
+def binary(name: str) -> Path:
+    d = bin_dirs()
+    where = {
+        "kube-apiserver": d["k8s"], "kube-controller-manager": d["k8s"],
+        "kube-scheduler": d["k8s"], "kubectl": d["k8s"], "etcd": d["etcd"],
+        "kwok": d["kwok"], "kwokctl": d["kwok"], "helm": d["helm"],
+    }[name]
+    return where / name
+
+
+def binaries_present() -> bool:
+    return all(binary(n).is_file() for n in (
+        "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
+        "etcd", "kwok", "kwokctl"))
+
+
+def ensure_built() -> None:
+    """Build the pinned binaries if any is missing (cold build: tens of minutes)."""
+    if binaries_present():
+        return
+    log("control-plane binaries missing: running e2e/controlplane/build.sh")
+    subprocess.run(["bash", str(CONTROLPLANE / "build.sh")], check=True)
+
+
+def workdir(name: str = DEFAULT_NAME) -> Path:
+    return cache_root() / "clusters" / name
+
+
+def _run_dir() -> Path:
+    """Our own per-cluster files (lock, generated kwokctl config); kept out of
+    clusters/, which kwokctl expects to hold cluster directories only."""
+    d = cache_root() / "run"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def kubeconfig_path(name: str = DEFAULT_NAME) -> Path:
+    return workdir(name) / "kubeconfig"
+
+
+def _kwok_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KWOK_")}
+    # kwokctl keeps clusters in $KWOK_WORKDIR/clusters/<name>, its download
+    # cache (never used: every binary is a local path) in $KWOK_WORKDIR/cache.
+    env["KWOK_WORKDIR"] = str(cache_root())
+    env.pop("KUBECONFIG", None)
+    return env
+
+
+def _kwokctl(*args: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
+    # -v WARN: kwokctl logs every step as JSON at INFO; keep errors only.
+    cmd = [str(binary("kwokctl")), "-v", os.environ.get("PD_KWOKCTL_LOG", "WARN"), *args]
+    return subprocess.run(cmd, env=_kwok_env(), check=check, text=True,
+                          stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.PIPE if capture else None)
+
+
+def kubectl(*args: str, name: str = DEFAULT_NAME, check: bool = True,
+            capture: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig_path(name)))
+    return subprocess.run([str(binary("kubectl")), *args], env=env, check=check, text=True,
+                          input=input, stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.PIPE if capture else None)
+
+
+def _kwokctl_config() -> str:
+    """kwokctl configuration: local binaries only, real KCM + scheduler enabled."""
+    v = versions()
+    opts = {
+        "runtime": "binary",
+        "kubeVersion": v["K8S_VERSION"],
+        "etcdVersion": v["ETCD_VERSION"].lstrip("v"),
+        "kwokVersion": v["KWOK_VERSION"],
+        "kubeApiserverBinary": binary("kube-apiserver"),
+        "kubeControllerManagerBinary": binary("kube-controller-manager"),
+        "kubeSchedulerBinary": binary("kube-scheduler"),
+        "kubectlBinary": binary("kubectl"),
+        "etcdBinary": binary("etcd"),
+        "kwokControllerBinary": binary("kwok"),
+        "quietPull": "true",
+        # Listen on loopback only (kwokctl's default is 0.0.0.0): nothing
+        # outside this machine has any business with this cluster.
+        "bindAddress": "127.0.0.1",
+        # Short node leases, no heartbeat scaling (kwokctl's default factor 5
+        # makes them 200 s): after a warm start the new kwok-controller takes
+        # the nodes over when the old leases expire, so this bounds warm start.
+        "heartbeatFactor": "1",
+        "nodeLeaseDurationSeconds": "10",
+        # kwokctl's defaults, spelled out: secure port with RBAC and the
+        # default admission chain, like a real cluster.
+        "securePort": "true",
+        "kubeAuthorization": "true",
+        "kubeAdmission": "true",
+    }
+    lines = ["apiVersion: config.kwok.x-k8s.io/v1alpha1",
+             "kind: KwokctlConfiguration", "options:"]
+    lines += [f"  {k}: {val if val in ('true', 'false') or str(val).isdigit() else repr(str(val))}"
+              for k, val in opts.items()]
+    # Real controller-manager and scheduler: the component list is kwokctl's
+    # default one, written out so that nothing can switch them off.
+    lines += ["  components:"] + [f"  - {c}" for c in (
+        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")]
+    lines += [
+        "componentsPatches:",
+        "- name: kube-apiserver",
+        "  extraArgs:",
+        "  - key: service-cluster-ip-range",
+        f"    value: {SERVICE_CIDR}",
+        # Single instances that we supervise: no leader election. With it, a
+        # warm start stalls ~15 s until the lease of the previous (killed)
+        # process expires, and no controller runs meanwhile.
+        "- name: kube-controller-manager",
+        "  extraArgs:",
+        "  - key: service-cluster-ip-range",
+        f"    value: {SERVICE_CIDR}",
+        "  - key: leader-elect",
+        "    value: 'false'",
+        # The endpoint controllers could only fail here: every pod IP is
+        # loopback, which the API server refuses in Endpoints/EndpointSlices
+        # (measured: ~20 refused writes and ~7 warning events per Service in
+        # its first minute, then backing off). Off, Services simply have no
+        # endpoints, which is what they would end up with anyway.
+        "  - key: controllers",
+        "    value: '*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller'",
+        "- name: kube-scheduler",
+        "  extraArgs:",
+        "  - key: leader-elect",
+        "    value: 'false'",
+        # kwok's fallbacks as flags: a KwokConfiguration document in this
+        # file would replace kwokctl's defaults for all other kwok options
+        # (kwok v0.8.0 then fails on zero parallelism).
+        "- name: kwok-controller",
+        "  extraArgs:",
+        "  - key: cidr",
+        f"    value: {KWOK_FALLBACK_POD_CIDR}",
+        "  - key: node-ip",
+        f"    value: {KWOK_FALLBACK_NODE_IP}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _lock(name: str):
+    """Serialise up/down of one cluster across processes (pytest-xdist, shells)."""
+    path = _run_dir() / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def created(name: str = DEFAULT_NAME) -> bool:
+    return (workdir(name) / "kwok.yaml").is_file() and kubeconfig_path(name).is_file()
+
+
+def _pids(name: str) -> dict[str, int]:
+    """Pid files kwokctl keeps for each component (binary runtime)."""
+    out = {}
+    pid_dir = workdir(name) / "pids"
+    if pid_dir.is_dir():
+        for p in pid_dir.glob("*.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                out[p.stem] = int(p.read_text().strip())
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _ours(name: str, component: str, pid: int) -> bool:
+    """The pid runs this cluster's component: kwokctl starts each one as
+    <workdir>/bin/<component>, which is argv[0]."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    except OSError:
+        return False
+    return argv0 == str(workdir(name) / "bin" / component)
+
+
+def running_components(name: str = DEFAULT_NAME) -> dict[str, int]:
+    return {c: p for c, p in _pids(name).items() if _alive(p) and _ours(name, c, p)}
+
+
+def _clear_stale_pid_files(name: str) -> None:
+    """Remove pid files whose process is gone (or a zombie, or a reused pid).
+    kwokctl trusts a pid file blindly: after its processes were killed from
+    outside (e.g. the end of a CI job), `start` would skip a component whose
+    pid now belongs to someone else, and `stop` would kill that stranger."""
+    for comp, pid in _pids(name).items():
+        if not (_alive(pid) and _ours(name, comp, pid)):
+            (workdir(name) / "pids" / f"{comp}.pid").unlink(missing_ok=True)
+
+
+def is_running(name: str = DEFAULT_NAME) -> bool:
+    """True when the API server answers /readyz with our kubeconfig."""
+    if not created(name) or not binary("kubectl").is_file():
+        return False
+    r = kubectl("get", "--raw", "/readyz", "--request-timeout=3s", name=name, check=False)
+    return r.returncode == 0 and r.stdout.strip() == "ok"
+
+
+def _wait(what: str, fn, timeout: float, interval: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if fn():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _nodes_ready(name: str) -> bool:
+    r = kubectl("get", "nodes", "-l", "type=kwok", "-o",
+                'jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
+                name=name, check=False)
+    if r.returncode != 0:
+        return False
+    lines = [ln for ln in r.stdout.splitlines() if ln]
+    return len(lines) >= 4 and all(ln.endswith("=True") for ln in lines)
+
+
+def _default_sa_exists(name: str) -> bool:
+    # Pods cannot be created in "default" before the service-account
+    # controller (kube-controller-manager) has made the default SA.
+    return kubectl("get", "serviceaccount", "default", "-n", "default",
+                   name=name, check=False).returncode == 0
+
+
+def _node_leases(name: str) -> list[tuple[str, str, float]]:
+    """(node, holder, renewTime as epoch seconds) of the GPU nodes' leases."""
+    r = kubectl("get", "leases", "-n", "kube-node-lease", "-o",
+                'jsonpath={range .items[*]}{.metadata.name} {.spec.holderIdentity} {.spec.renewTime}{"\\n"}{end}',
+                name=name, check=False)
+    out = []
+    for ln in r.stdout.splitlines() if r.returncode == 0 else []:
+        parts = ln.split()
+        if len(parts) == 3 and parts[0].startswith("gpu-node-"):
+            ts = parts[2].replace("Z", "+00:00")
+            out.append((parts[0], parts[1], _dt.datetime.fromisoformat(ts).timestamp()))
+    return out
+
+
+def _kwok_owns_nodes(name: str, started: float) -> bool:
+    leases = _node_leases(name)
+    return (len(leases) >= 4 and len({h for _, h, _ in leases}) == 1
+            and all(t >= started - 1 for _, _, t in leases))
+
+
+def register_nodes(name: str = DEFAULT_NAME) -> None:
+    """Create the GPU nodes. Node status (capacity) can only be set at creation
+    time through the main resource, so nodes are created, not applied; existing
+    ones are left as they are (labels are re-applied)."""
+    kubectl("apply", "--server-side", "--field-manager=pd-e2e", "--force-conflicts",
+            "-f", str(NODES_YAML), name=name)
+
+
+def up(name: str = DEFAULT_NAME, timeout: float = 180.0) -> Path:
+    """Idempotent start. Returns the kubeconfig path."""
+    ensure_built()
+    with _lock(name):
+        t0 = time.monotonic()
+        started = time.time()
+        warm = False
+        cfg = _run_dir() / f"{name}.kwokctl.yaml"
+        want = _kwokctl_config()
+        if created(name) and (not cfg.is_file() or cfg.read_text() != want):
+            # versions.env or this file changed since the cluster was made:
+            # kwokctl only reads its configuration at creation, so recreate.
+            log(f"cluster {name} was created with another configuration: recreating it")
+            _delete_locked(name)
+        if is_running(name):
+            log(f"cluster {name} already running")
+        elif created(name):
+            log(f"starting existing cluster {name} (warm start)")
+            _clear_stale_pid_files(name)
+            _kwokctl("start", "cluster", "--name", name, "--timeout", f"{int(timeout)}s")
+            warm = True
+        else:
+            log(f"creating cluster {name}")
+            wd = workdir(name)
+            if wd.exists():  # half-created leftovers
+                shutil.rmtree(wd)
+            wd.parent.mkdir(parents=True, exist_ok=True)
+            cfg.write_text(want)
+            # --kubeconfig always: kwokctl's default is to add the context to
+            # ~/.kube/config and make it current, which we never want.
+            _kwokctl("create", "cluster", "--name", name, "--config", str(cfg),
+                     "--kubeconfig", str(kubeconfig_path(name)),
+                     "--timeout", f"{int(timeout)}s", "--wait", f"{int(timeout)}s")
+        _wait("kube-apiserver /readyz", lambda: is_running(name), timeout)
+        if warm:
+            # kwok-controller's identity is random per process: it manages a
+            # node only once it holds the node's lease, i.e. after the lease of
+            # the previous process expired (nodeLeaseDurationSeconds below).
+            _wait("kwok-controller to hold the node leases",
+                  lambda: _kwok_owns_nodes(name, started), timeout)
+        register_nodes(name)
+        _wait("4 GPU nodes Ready", lambda: _nodes_ready(name), timeout)
+        _wait("default service account", lambda: _default_sa_exists(name), timeout)
+        log(f"cluster {name} up in {time.monotonic() - t0:.1f}s")
+    return kubeconfig_path(name)
+
+
+def down(name: str = DEFAULT_NAME) -> None:
+    """Stop every component; state (etcd data, certs) is kept for a warm start."""
+    if not created(name) or not binary("kwokctl").is_file():
+        log(f"cluster {name} does not exist")
+        return
+    with _lock(name):
+        _clear_stale_pid_files(name)
+        _kwokctl("stop", "cluster", "--name", name, check=False)
+        _wait("components to exit", lambda: not running_components(name), 30)
+        log(f"cluster {name} stopped")
+
+
+def _delete_locked(name: str) -> None:
+    _clear_stale_pid_files(name)
+    # --kubeconfig: kwokctl would otherwise edit ~/.kube/config.
+    _kwokctl("delete", "cluster", "--name", name,
+             "--kubeconfig", str(kubeconfig_path(name)), check=False)
+    _wait("components to exit", lambda: not running_components(name), 30)
+    if workdir(name).exists():
+        shutil.rmtree(workdir(name))
+    (_run_dir() / f"{name}.kwokctl.yaml").unlink(missing_ok=True)
+    log(f"cluster {name} deleted")
+
+
+def delete(name: str = DEFAULT_NAME) -> None:
+    if not binary("kwokctl").is_file():
+        return
+    with _lock(name):
+        _delete_locked(name)
+
+
+def status(name: str = DEFAULT_NAME) -> int:
+    print(f"name:       {name}")
+    print(f"kubeconfig: {kubeconfig_path(name)}")
+    print(f"created:    {created(name)}")
+    comps = running_components(name)
+    print("processes:  " + (", ".join(f"{c}={p}" for c, p in sorted(comps.items())) or "none"))
+    up_ = is_running(name)
+    print(f"apiserver:  {'ready' if up_ else 'not running'}")
+    if up_:
+        print(kubectl("get", "nodes", "-o", "wide", name=name).stdout, end="")
+    return 0 if up_ else 1
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="e2e/cluster.sh", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", default=DEFAULT_NAME)
+    ap.add_argument("command", choices=["up", "down", "delete", "status", "kubeconfig", "kubectl", "build"])
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    if a.command == "up":
+        print(up(a.name))
+    elif a.command == "down":
+        down(a.name)
+    elif a.command == "delete":
+        delete(a.name)
+    elif a.command == "status":
+        return status(a.name)
+    elif a.command == "kubeconfig":
+        print(kubeconfig_path(a.name))
+    elif a.command == "build":
+        ensure_built()
+    elif a.command == "kubectl":
+        return kubectl(*a.args, name=a.name, check=False, capture=False).returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

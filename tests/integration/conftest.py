@@ -1,0 +1,135 @@
+"""Fixtures for integration tests against a real Kubernetes API server.
+
+Which cluster:
+  * If $KUBECONFIG points at a reachable cluster (kind, the local one started
+    by `e2e/cluster.sh up`, anything), it is used as is and never torn down.
+  * Otherwise the local control plane (e2e/cluster.py: real etcd,
+    kube-apiserver, kube-controller-manager, kube-scheduler + kwok GPU nodes)
+    is built if its binaries are missing and started. It is stopped at the end
+    of the session only if this session started it; set PD_KEEP_CLUSTER=1 to
+    keep it running for the next run (warm start is then a no-op).
+
+Every test gets its own namespace (``namespace`` fixture), deleted afterwards.
+Tests in this directory are marked ``@pytest.mark.integration``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+kubernetes = pytest.importorskip("kubernetes", reason="integration tests need the kubernetes client")
+from kubernetes import client, config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_local_cluster_module():
+    """e2e/cluster.py, imported by path (e2e/ is not a package)."""
+    name = "pd_e2e_cluster"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "e2e" / "cluster.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    kubeconfig: str
+    local: bool  # True: the kwok-based local control plane (GPU nodes are kwok nodes)
+
+
+def _reachable(kubeconfig: str) -> bool:
+    try:
+        api = config.new_client_from_config(config_file=kubeconfig)
+    except Exception:
+        return False
+    try:
+        with api:
+            client.VersionApi(api).get_code(_request_timeout=5)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kube_cluster():
+    external = os.environ.get("KUBECONFIG")
+    if external and _reachable(external):
+        local_kc = str(load_local_cluster_module().kubeconfig_path())
+        yield Cluster(kubeconfig=external, local=os.path.abspath(external) == local_kc)
+        return
+    mod = load_local_cluster_module()
+    was_running = mod.is_running()
+    kc = str(mod.up())
+    try:
+        yield Cluster(kubeconfig=kc, local=True)
+    finally:
+        if not was_running and not os.environ.get("PD_KEEP_CLUSTER"):
+            mod.down()
+
+
+@pytest.fixture(scope="session")
+def api_client(kube_cluster) -> client.ApiClient:
+    api = config.new_client_from_config(config_file=kube_cluster.kubeconfig)
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core_v1(api_client) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def apps_v1(api_client) -> client.AppsV1Api:
+    return client.AppsV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def apiextensions_v1(api_client) -> client.ApiextensionsV1Api:
+    return client.ApiextensionsV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def custom_objects(api_client) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client)
+
+
+@pytest.fixture
+def namespace(request, core_v1) -> str:
+    """A fresh namespace for one test, deleted (not waited for) afterwards."""
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"pdserving.io/test": "integration"})))
+    try:
+        # Pods are refused until the service-account controller has made the
+        # namespace's "default" ServiceAccount (ServiceAccount admission).
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                core_v1.read_namespaced_service_account("default", name)
+                break
+            except ApiException as e:
+                if e.status != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield name
+    finally:
+        try:
+            core_v1.delete_namespace(name, propagation_policy="Background")
+        except ApiException as e:
+            if e.status != 404:
+                raise
