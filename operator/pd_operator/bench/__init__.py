@@ -1,0 +1,339 @@
+"""``pdctl bench``: a goodput benchmark for any OpenAI-compatible endpoint.
+
+Load: Poisson arrivals at ``--rate`` req/s, or ``--concurrency`` clients in a
+closed loop; bounded by ``--num-requests`` and ``--duration`` (no request is
+started after the duration; in-flight ones get ``--drain-timeout``).
+Lengths: ``--isl`` / ``--osl`` as ``N``, ``fixed:N``, ``uniform:MEAN[:HALFWIDTH_FRAC]``
+or ``lognormal:MEAN[:SIGMA]``, seeded.
+
+Requests are streamed (SSE) with ``max_tokens = OSL`` and ``ignore_eos`` (vLLM
+and SGLang honour it, so the output length is the one asked for).  Prompts are
+synthetic words sized by the simulator's tokenisation rule (4 characters per
+token; chat adds 4 tokens per message and 3 for the generation prompt), so
+against a simulated engine the prompt has exactly ISL tokens; against a real
+tokenizer it is approximately ISL.
+
+Measured per request: TTFT = first content chunk - send; ITL = gaps between
+content chunks after the first (one chunk per token on vLLM/SGLang defaults);
+output tokens from ``usage`` when the server sends it (``include_usage``),
+else the chunk count.  Goodput: requests that completed with TTFT < the TTFT
+SLO and mean ITL < the ITL SLO (defaults 1 s and 50 ms), per second and as a
+share of all requests sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+from urllib.parse import urlparse
+
+from ..sim.fleet import LengthDist, percentile
+
+WORDS = ("alpha", "bravo", "delta", "kilo", "lima", "papa", "romeo", "tango")
+
+
+def make_text(tokens: int, rng: random.Random) -> str:
+    """Text of exactly ``tokens`` tokens under the 4-characters-per-token rule."""
+    chars = max(1, tokens) * 4
+    out: list[str] = []
+    n = 0
+    while n < chars:
+        w = rng.choice(WORDS) + " "
+        out.append(w)
+        n += len(w)
+    return "".join(out)[:chars]
+
+
+@dataclass
+class Result:
+    index: int
+    start: float  # seconds since the benchmark started
+    isl: int
+    osl: int
+    ok: bool = False
+    error: str = ""
+    ttft: Optional[float] = None
+    chunk_times: list = field(default_factory=list)  # since start of the request
+    output_tokens: int = 0
+    prompt_tokens: Optional[int] = None
+    latency: Optional[float] = None
+
+    @property
+    def itls(self) -> list:
+        t = self.chunk_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def mean_itl(self) -> Optional[float]:
+        if len(self.chunk_times) < 2:
+            return None
+        return (self.chunk_times[-1] - self.chunk_times[0]) / max(1, self.output_tokens - 1)
+
+
+@dataclass
+class BenchConfig:
+    url: str
+    model: Optional[str] = None
+    api_key: Optional[str] = None
+    rate: Optional[float] = None
+    concurrency: Optional[int] = None
+    num_requests: int = 100
+    duration: float = 60.0
+    isl: str = "512"
+    osl: str = "128"
+    chat: bool = True
+    seed: int = 0
+    ttft_slo: float = 1.0
+    itl_slo: float = 0.05
+    timeout: float = 300.0
+    drain_timeout: float = 120.0
+
+
+def check_url(url: str) -> str:
+    p = urlparse(url)
+    if p.scheme not in ("http", "https") or not p.hostname:
+        raise ValueError(f"--url must be an explicit http(s)://host:port URL, got {url!r}")
+    host = p.hostname
+    if not (host == "localhost" or host.startswith("127.") or host == "::1"):
+        print(f"pdctl bench: sending load to {host} (not loopback)", file=sys.stderr)
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return base
+
+
+def summarize(results: list[Result], wall: float, cfg: BenchConfig) -> dict:
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft for r in ok]
+    itls = [x for r in ok for x in r.itls]
+    mean_itls = [r.mean_itl for r in ok if r.mean_itl is not None]
+    good = [r for r in ok if r.ttft < cfg.ttft_slo and (r.mean_itl is None or r.mean_itl < cfg.itl_slo)]
+    out_tokens = sum(r.output_tokens for r in ok)
+
+    def q(v: list) -> dict:
+        if not v:
+            return {"mean": None, "p50": None, "p90": None, "p99": None}
+        return {"mean": sum(v) / len(v), "p50": percentile(v, 50), "p90": percentile(v, 90), "p99": percentile(v, 99)}
+
+    return {
+        "sent": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+        "duration_s": wall,
+        "request_throughput": len(ok) / wall if wall > 0 else 0.0,
+        "output_token_throughput": out_tokens / wall if wall > 0 else 0.0,
+        "output_tokens": out_tokens,
+        "ttft_s": q(ttfts), "itl_s": q(itls), "mean_itl_per_request_s": q(mean_itls),
+        "slo": {"ttft_s": cfg.ttft_slo, "mean_itl_s": cfg.itl_slo},
+        "goodput_rps": len(good) / wall if wall > 0 else 0.0,
+        "goodput_fraction": len(good) / len(results) if results else 0.0,
+        "errors": sorted({r.error for r in results if r.error})[:10],
+    }
+
+
+class _Progress:
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.done, self.failed, self.stream = total, 0, 0, stream
+        self.t0 = time.monotonic()
+        self.enabled = True
+
+    def tick(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += 0 if ok else 1
+        if not self.enabled:
+            return
+        width = 30
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        el = time.monotonic() - self.t0
+        self.stream.write(f"\r[{bar}] {self.done}/{self.total} done, {self.failed} failed, {el:5.1f}s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def _one(session, base: str, cfg: BenchConfig, res: Result, rng: random.Random, t_bench0: float) -> None:
+    import aiohttp
+
+    headers = {"Content-Type": "application/json"}
+    if cfg.api_key:
+        headers["Authorization"] = f"Bearer {cfg.api_key}"
+    body: dict = {"max_tokens": res.osl, "stream": True, "ignore_eos": True,
+                  "stream_options": {"include_usage": True}, "temperature": 0.0}
+    if cfg.model:
+        body["model"] = cfg.model
+    if cfg.chat:
+        body["messages"] = [{"role": "user", "content": make_text(max(1, res.isl - 7), rng)}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = make_text(res.isl, rng)
+        path = "/v1/completions"
+    t0 = time.monotonic()
+    res.start = t0 - t_bench0
+    chunks = 0
+    try:
+        async with session.post(base + path, json=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=cfg.timeout)) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return
+            buf = b""
+            async for data in resp.content.iter_any():
+                now = time.monotonic()
+                buf += data
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            continue
+                        msg = json.loads(payload)
+                        if msg.get("usage"):
+                            res.output_tokens = msg["usage"].get("completion_tokens") or res.output_tokens
+                            res.prompt_tokens = msg["usage"].get("prompt_tokens")
+                        for ch in msg.get("choices") or []:
+                            text = (ch.get("delta") or {}).get("content") if cfg.chat else ch.get("text")
+                            if text:
+                                chunks += 1
+                                if res.ttft is None:
+                                    res.ttft = now - t0
+                                res.chunk_times.append(now - t0)
+            res.latency = time.monotonic() - t0
+            if not res.output_tokens:
+                res.output_tokens = chunks
+            res.ok = res.ttft is not None
+            if not res.ok:
+                res.error = "no content in the response"
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"[:200]
+
+
+async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list[Result]]:
+    import aiohttp
+
+    base = check_url(cfg.url)
+    if (cfg.rate is None) == (cfg.concurrency is None):
+        raise ValueError("give exactly one of --rate and --concurrency")
+    rng = random.Random(cfg.seed)
+    isl, osl = LengthDist.parse(cfg.isl), LengthDist.parse(cfg.osl)
+    plan = [(isl.sample(rng), osl.sample(rng)) for _ in range(cfg.num_requests)]
+    gaps = [rng.expovariate(cfg.rate) for _ in plan] if cfg.rate else []
+    results: list[Result] = []
+    bar = _Progress(cfg.num_requests)
+    bar.enabled = progress
+    t_bench0 = time.monotonic()
+    deadline = t_bench0 + cfg.duration
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn) as session:
+
+        async def go(i: int) -> None:
+            res = Result(i, 0.0, *plan[i])
+            results.append(res)
+            await _one(session, base, cfg, res, random.Random(cfg.seed * 1_000_003 + i), t_bench0)
+            bar.tick(res.ok)
+
+        tasks: list[asyncio.Task] = []
+        if cfg.rate:
+            t = t_bench0
+            for i in range(cfg.num_requests):
+                t += gaps[i]
+                if t > deadline:
+                    break
+                await asyncio.sleep(max(0.0, t - time.monotonic()))
+                tasks.append(asyncio.create_task(go(i)))
+        else:
+            counter = iter(range(cfg.num_requests))
+
+            async def worker() -> None:
+                for i in counter:
+                    if time.monotonic() > deadline:
+                        return
+                    await go(i)
+
+            tasks = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()) + cfg.drain_timeout)
+            for p in pending:
+                p.cancel()
+    bar.close()
+    wall = time.monotonic() - t_bench0
+    for r in results:
+        if not r.ok and not r.error:
+            r.error = "cancelled (duration + drain timeout)"
+    results.sort(key=lambda r: r.index)
+    return summarize(results, wall, cfg), results
+
+
+def format_summary(s: dict) -> str:
+    def ms(v):
+        return "-" if v is None else f"{v * 1e3:8.1f}"
+    lines = [
+        f"requests: {s['completed']}/{s['sent']} completed ({s['failed']} failed) in {s['duration_s']:.1f} s",
+        f"throughput: {s['request_throughput']:.2f} req/s, {s['output_token_throughput']:.1f} output tok/s",
+        f"{'':10}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}  (ms)",
+    ]
+    for label, key in (("TTFT", "ttft_s"), ("ITL", "itl_s")):
+        d = s[key]
+        lines.append(f"{label:10}{ms(d['mean'])} {ms(d['p50'])} {ms(d['p90'])} {ms(d['p99'])}")
+    lines.append(f"goodput (TTFT < {s['slo']['ttft_s'] * 1e3:g} ms and mean ITL < {s['slo']['mean_itl_s'] * 1e3:g} ms): "
+                 f"{s['goodput_rps']:.2f} req/s, {100 * s['goodput_fraction']:.1f}% of requests")
+    if s["errors"]:
+        lines.append("errors: " + "; ".join(s["errors"]))
+    return "\n".join(lines)
+
+
+def main_bench(args) -> int:
+    cfg = BenchConfig(url=args.url, model=args.model, api_key=args.api_key, rate=args.rate,
+                      concurrency=args.concurrency, num_requests=args.num_requests, duration=args.duration,
+                      isl=args.isl, osl=args.osl, chat=not args.completions, seed=args.seed,
+                      ttft_slo=args.ttft_slo, itl_slo=args.itl_slo, timeout=args.timeout,
+                      drain_timeout=args.drain_timeout)
+    try:
+        LengthDist.parse(cfg.isl), LengthDist.parse(cfg.osl)
+        summary, results = asyncio.run(run_bench(cfg, progress=not args.quiet))
+    except ValueError as err:
+        print(f"pdctl bench: {err}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    if args.json:
+        doc = {"config": asdict(cfg) | {"api_key": "***" if cfg.api_key else None}, "summary": summary,
+               "requests": [asdict(r) | {"itls": r.itls} for r in results]}
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
+    if args.plot:
+        from .plot import write_png
+
+        write_png(args.plot, results, cfg.ttft_slo, cfg.itl_slo)
+    return 0 if summary["completed"] else 1
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="goodput benchmark against an OpenAI-compatible endpoint (TTFT, ITL, goodput)")
+    p.add_argument("--url", required=True, help="explicit base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)")
+    p.add_argument("--model", help="model name to send (default: none; the server's only model)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="Poisson arrival rate, requests/s")
+    load.add_argument("--concurrency", type=int, help="fixed number of clients in a closed loop")
+    p.add_argument("-n", "--num-requests", type=int, default=100, help="at most this many requests (default 100)")
+    p.add_argument("--duration", type=float, default=60.0, help="start no request after this many seconds (default 60)")
+    p.add_argument("--drain-timeout", type=float, default=120.0, help="wait this long for in-flight requests after the duration")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s")
+    p.add_argument("--isl", default="512", help="input length: N | fixed:N | uniform:MEAN[:FRAC] | lognormal:MEAN[:SIGMA]")
+    p.add_argument("--osl", default="128", help="output length, same forms")
+    p.add_argument("--completions", action="store_true", help="use /v1/completions (default /v1/chat/completions)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ttft-slo", type=float, default=1.0, help="goodput SLO on TTFT, seconds (default 1)")
+    p.add_argument("--itl-slo", type=float, default=0.05, help="goodput SLO on mean ITL, seconds (default 0.05)")
+    p.add_argument("--json", metavar="FILE", help="write summary and per-request records as JSON")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG: TTFT and mean ITL per request over time")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=main_bench)

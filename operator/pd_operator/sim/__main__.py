@@ -1,0 +1,157 @@
+"""``python -m pd_operator.sim [SIM OPTIONS] -- <engine command line>``
+
+The engine command line is the one the operator renders for the real engine
+(``vllm serve MODEL ...`` or ``python3 -m sglang.launch_server ...``).  It is
+parsed with the pinned engine's real flag set (``flagset.check_argv``, with the
+real parser's abbreviation behaviour), so a flag the engine lacks makes the sim
+exit with status 2 naming the flag, as the engine would.  ``$(VAR)`` in the
+command is expanded from the environment, as the kubelet does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import sys
+
+from ..render.engines.flagset import FlagError, check_argv, split_command
+from .costmodel import LINKS, Efficiency, Link, shape_for, MODELS
+from .server import SimConfig, SimServer
+
+VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+
+
+def sim_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pd_operator.sim",
+                                description="simulated vLLM/SGLang engine; give the engine command after --")
+    p.add_argument("--bind", help="address to listen on instead of the command's --host (e.g. the pod IP)")
+    p.add_argument("--bind-port", type=int, help="port to listen on instead of the command's --port")
+    p.add_argument("--efficiency", choices=("fused", "pytorch"), default="fused",
+                   help="engine efficiency vs the PyTorch calibration (fused: ~4 ms fixed decode, ~39 ns/cached token)")
+    p.add_argument("--kv-link", choices=sorted(LINKS), default="rdma", help="KV transfer path (rdma 50 GB/s + 1 ms)")
+    p.add_argument("--kv-gbps", type=float, help="override the link bandwidth, GB/s")
+    p.add_argument("--kv-fixed-ms", type=float, help="override the fixed cost per transfer, ms")
+    p.add_argument("--kv-capacity-tokens", type=int, help="override the KV-cache capacity (tokens)")
+    p.add_argument("--default-max-tokens", type=int, default=256, help="tokens generated when a request sets none")
+    p.add_argument("--model-shape", choices=sorted(MODELS),
+                   help="cost shape for a model name the simulator does not know (default: refuse)")
+    return p
+
+
+def _expand(argv: list[str]) -> list[str]:
+    return [re.sub(r"\$\((\w+)\)", lambda m: os.environ.get(m.group(1), m.group(0)), a) for a in argv]
+
+
+def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = None) -> SimConfig:
+    """Build a SimConfig from an engine command line; FlagError/ValueError if refused."""
+    opts = opts or sim_parser().parse_args([])
+    argv = _expand(list(engine_argv))
+    flavor = None
+    for comp in ("vllm", "sglang"):
+        cmd, _ = split_command(comp, VERSIONS[comp], argv)
+        if cmd:
+            flavor = comp
+            break
+    if flavor is None:
+        raise ValueError(f"not a vLLM or SGLang command line: {' '.join(argv[:3])} ... "
+                         "(expected `vllm serve MODEL ...` or `python3 -m sglang.launch_server ...`)")
+    ns = check_argv(flavor, VERSIONS[flavor], argv, allow_abbrev=None)
+    if flavor == "vllm":
+        model = ns.model_tag or "facebook/opt-125m"
+        served = list(ns.served_model_name or [model])
+        host, port = ns.host or "0.0.0.0", ns.port or 8000
+        tp = ns.tensor_parallel_size or 1
+        kvt = ns.kv_transfer_config or {}
+        kv_role = kvt.get("kv_role") if isinstance(kvt, dict) else None
+        role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(kv_role, "unified")
+        keys = list(ns.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else []))
+        max_seqs = ns.max_num_seqs or 256
+        max_tokens = ns.max_num_batched_tokens or 8192
+        mem = ns.gpu_memory_utilization or 0.92
+        max_len = ns.max_model_len if ns.max_model_len and ns.max_model_len > 0 else None
+        bootstrap = None
+        metrics = True
+    else:
+        model = ns.model_path
+        served = [ns.served_model_name or model]
+        host, port = ns.host or "127.0.0.1", ns.port or 30000
+        tp = ns.tp_size or 1
+        mode = ns.disaggregation_mode or "null"
+        role = {"prefill": "prefill", "decode": "decode"}.get(mode, "unified")
+        keys = [ns.api_key] if ns.api_key else []
+        max_seqs = ns.max_running_requests or 256
+        max_tokens = ns.chunked_prefill_size if ns.chunked_prefill_size and ns.chunked_prefill_size > 0 else 8192
+        mem = ns.mem_fraction_static or 0.88
+        max_len = ns.context_length
+        bootstrap = (ns.disaggregation_bootstrap_port or 8998) if role == "prefill" else None
+        metrics = bool(ns.enable_metrics)
+    try:
+        shape = shape_for(model)
+    except KeyError:
+        if not opts.model_shape:
+            raise ValueError(f"the simulator has no cost shape for model {model!r}; known: "
+                             f"{', '.join(sorted(MODELS))} (or pass --model-shape NAME)") from None
+        shape = MODELS[opts.model_shape]
+    link = LINKS[opts.kv_link]
+    if opts.kv_gbps is not None or opts.kv_fixed_ms is not None:
+        link = Link(f"{link.name}*", opts.kv_gbps or link.gbytes_per_s,
+                    opts.kv_fixed_ms if opts.kv_fixed_ms is not None else link.fixed_ms)
+    return SimConfig(
+        flavor=flavor, model=model, served_names=served, shape=shape,
+        host=opts.bind or host, port=opts.bind_port or port, role=role, tp=tp,
+        max_num_seqs=max_seqs, max_batched_tokens=max_tokens,
+        max_model_len=max_len or shape.max_model_len,
+        # the calibration's capacity is at full memory; vLLM's default 0.92 is ~ that
+        mem_fraction=min(1.0, mem / 0.92), kv_capacity_tokens=opts.kv_capacity_tokens,
+        api_keys=keys, enable_metrics=metrics, bootstrap_port=bootstrap,
+        side_channel_host=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+        side_channel_port=int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),
+        efficiency=Efficiency.named(opts.efficiency), link=link,
+        default_max_tokens=opts.default_max_tokens,
+    )
+
+
+async def _serve(cfg: SimConfig) -> None:
+    server = SimServer(cfg)
+    await server.start()
+    extra = f", bootstrap :{cfg.bootstrap_port}" if cfg.bootstrap_port else ""
+    print(f"pd-sim: {cfg.flavor} {cfg.role} {cfg.model} as {cfg.served_name} (TP {cfg.tp}) on "
+          f"http://{cfg.host}:{cfg.port}{extra}; KV capacity {server.engine.kv_capacity} tokens, "
+          f"link {cfg.link.name} {cfg.link.gbytes_per_s:g} GB/s", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print("usage: python -m pd_operator.sim [SIM OPTIONS] -- <engine command line>", file=sys.stderr)
+        return 2
+    i = argv.index("--")
+    opts = sim_parser().parse_args(argv[:i])
+    try:
+        cfg = config_from_argv(argv[i + 1:], opts)
+    except FlagError as err:
+        print(f"pd-sim: error: {err}" + (f" (flag {err.flag})" if err.flag and err.flag not in str(err) else ""),
+              file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"pd-sim: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(cfg))
+    except OSError as err:
+        print(f"pd-sim: cannot listen on {cfg.host}:{cfg.port}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Prometheus metrics of a simulated engine, with the real engines' names and labels.
+
+vLLM (labels ``model_name`` = served name, ``engine`` = "0"):
+histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
+``vllm:request_time_per_output_token_seconds``, ``vllm:e2e_request_latency_seconds``,
+``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
+``vllm:request_decode_time_seconds``, ``vllm:request_prompt_tokens``,
+``vllm:request_generation_tokens``; gauges ``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``; counters
+``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
+``vllm:request_success_total``, ``vllm:num_preemptions_total``.
+
+SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
+``tp_rank`` = "0"): histograms ``sglang:time_to_first_token_seconds``,
+``sglang:inter_token_latency_seconds``, ``sglang:e2e_request_latency_seconds``,
+``sglang:queue_time_seconds``; gauges ``sglang:num_running_reqs``,
+``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:gen_throughput``,
+``sglang:cache_hit_rate``, ``sglang:num_decode_prealloc_queue_reqs``,
+``sglang:num_decode_transfer_queue_reqs``; counters
+``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total``.
+
+Sim-only (for harnesses): ``pdsim_kv_transfer_seconds`` histogram.
+Every sink also keeps the raw samples (bounded) for tests (``samples``).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .engine import Engine, SimRequest, Sink
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+LAT_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOK_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+XFER_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class Samples:
+    def __init__(self, maxlen: int = 200_000):
+        self.ttft: collections.deque = collections.deque(maxlen=maxlen)
+        self.itl: collections.deque = collections.deque(maxlen=maxlen)
+        self.e2e: collections.deque = collections.deque(maxlen=maxlen)
+        self.transfer: collections.deque = collections.deque(maxlen=maxlen)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+
+
+class PromSink(Sink):
+    """Sink that exports an engine's observations in its engine's dialect."""
+
+    def __init__(self, flavor: str, served_name: str, role: str, registry: CollectorRegistry | None = None):
+        if flavor not in ("vllm", "sglang"):
+            raise ValueError(flavor)
+        self.flavor = flavor
+        self.registry = registry or CollectorRegistry()
+        self.samples = Samples()
+        r = self.registry
+        if flavor == "vllm":
+            names = ["model_name", "engine"]
+            lv = (served_name, "0")
+            p = "vllm:"
+            self._ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token", names, registry=r, buckets=TTFT_BUCKETS).labels(*lv)
+            self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
+            self._tpot = Histogram(p + "request_time_per_output_token_seconds", "Time per output token", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
+            self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
+            self._queue = Histogram(p + "request_queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
+            self._prefill = Histogram(p + "request_prefill_time_seconds", "Prefill phase", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
+            self._decode = Histogram(p + "request_decode_time_seconds", "Decode phase", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
+            self._req_prompt = Histogram(p + "request_prompt_tokens", "Prompt tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
+            self._req_gen = Histogram(p + "request_generation_tokens", "Generated tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
+            self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
+            self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
+            self._success = Counter(p + "request_success", "Finished requests", names + ["finished_reason"], registry=r)
+            self._lv = lv
+            Counter(p + "num_preemptions", "Preemptions", names, registry=r).labels(*lv)
+            self._g_running = Gauge(p + "num_requests_running", "Running requests", names, registry=r).labels(*lv)
+            self._g_waiting = Gauge(p + "num_requests_waiting", "Waiting requests", names, registry=r).labels(*lv)
+            self._g_kv = Gauge(p + "kv_cache_usage_perc", "KV-cache usage, 0..1", names, registry=r).labels(*lv)
+            self._g_extra = {}
+        else:
+            names = ["model_name", "engine_type", "tp_rank"]
+            lv = (served_name, role, "0")
+            p = "sglang:"
+            self._ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token", names, registry=r, buckets=TTFT_BUCKETS).labels(*lv)
+            self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
+            self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
+            self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
+            self._tpot = self._prefill = self._decode = self._req_prompt = self._req_gen = None
+            self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
+            self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
+            self._success = None
+            self._g_running = Gauge(p + "num_running_reqs", "Running requests", names, registry=r).labels(*lv)
+            self._g_waiting = Gauge(p + "num_queue_reqs", "Queued requests", names, registry=r).labels(*lv)
+            self._g_kv = Gauge(p + "token_usage", "KV-cache token usage, 0..1", names, registry=r).labels(*lv)
+            self._g_extra = {
+                "gen_throughput": Gauge(p + "gen_throughput", "Generation tokens/s", names, registry=r).labels(*lv),
+                "cache_hit_rate": Gauge(p + "cache_hit_rate", "Prefix-cache hit rate", names, registry=r).labels(*lv),
+                "prealloc": Gauge(p + "num_decode_prealloc_queue_reqs", "Decode requests waiting for KV", names, registry=r).labels(*lv),
+                "transfer": Gauge(p + "num_decode_transfer_queue_reqs", "Decode requests receiving KV", names, registry=r).labels(*lv),
+            }
+        self._xfer = Histogram("pdsim_kv_transfer_seconds", "Simulated KV transfer (admission to KV ready)",
+                               registry=r, buckets=XFER_BUCKETS)
+
+    def bind(self, engine: Engine, prealloc: Callable[[], int] = lambda: 0,
+             gen_throughput: Callable[[], float] = lambda: 0.0) -> None:
+        """Gauges read the engine's state at scrape time."""
+        self._g_running.set_function(lambda: engine.num_running)
+        self._g_waiting.set_function(lambda: engine.num_waiting)
+        self._g_kv.set_function(lambda: engine.kv_usage)
+        if self._g_extra:
+            self._g_extra["prealloc"].set_function(prealloc)
+            self._g_extra["transfer"].set_function(lambda: len(engine.transferring))
+            self._g_extra["gen_throughput"].set_function(gen_throughput)
+
+    # ---- Sink --------------------------------------------------------------------
+    def ttft(self, v: float) -> None:
+        self._ttft.observe(v)
+        self.samples.ttft.append(v)
+
+    def itl(self, v: float) -> None:
+        self._itl.observe(v)
+        self.samples.itl.append(v)
+
+    def e2e(self, v: float) -> None:
+        self._e2e.observe(v)
+        self.samples.e2e.append(v)
+
+    def queue(self, v: float) -> None:
+        self._queue.observe(v)
+
+    def prefill_time(self, v: float) -> None:
+        if self._prefill is not None:
+            self._prefill.observe(v)
+
+    def decode_time(self, v: float) -> None:
+        if self._decode is not None:
+            self._decode.observe(v)
+
+    def transfer(self, v: float) -> None:
+        self._xfer.observe(v)
+        self.samples.transfer.append(v)
+
+    def prompt_tokens(self, n: int) -> None:
+        self._prompt.inc(n)
+        self.samples.prompt_tokens += n
+
+    def generation_tokens(self, n: int) -> None:
+        self._gen.inc(n)
+        self.samples.generation_tokens += n
+
+    def finished(self, req: SimRequest) -> None:
+        if self._success is not None:
+            self._success.labels(*self._lv, "length").inc()
+        if self._req_prompt is not None:
+            self._req_prompt.observe(req.prompt_tokens)
+            self._req_gen.observe(req.generated)
+            if req.generated > 1 and req.first_token is not None:
+                self._tpot.observe((req.finished - req.first_token) / (req.generated - 1))

@@ -1,0 +1,127 @@
+"""The sim starts from the exact engine command the operator renders, and refuses what the engine refuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from pd_operator.render.engines.flagset import FlagError
+from pd_operator.sim.__main__ import config_from_argv
+
+from .conftest import free_port, get, loopback_host, metric, rendered_engine
+
+
+@pytest.mark.parametrize("example,role,flavor,expected", [
+    ("vllm-nixl", "prefill", "vllm", dict(role="prefill", tp=4, model="Qwen/Qwen3-32B", port=8000)),
+    ("vllm-nixl", "decode", "vllm", dict(role="decode", tp=4, served_name="qwen3-32b")),
+    ("vllm-lmcache", "prefill", "vllm", dict(role="prefill", model="meta-llama/Llama-3.1-8B-Instruct")),
+    ("sglang-mooncake", "prefill", "sglang", dict(role="prefill", tp=4, bootstrap_port=8998, port=30000)),
+    ("sglang-mooncake", "decode", "sglang", dict(role="decode", tp=8, bootstrap_port=None)),
+])
+def test_rendered_commands_configure_the_sim(example, role, flavor, expected):
+    argv, _env = rendered_engine(example, role)
+    cfg = config_from_argv(argv)
+    assert cfg.flavor == flavor
+    for key, val in expected.items():
+        assert getattr(cfg, key) == val, key
+
+
+def test_rendered_api_key_from_env(monkeypatch):
+    argv, _ = rendered_engine("vllm-autoscaling", "decode")
+    monkeypatch.setenv("VLLM_API_KEY", "k1")
+    assert config_from_argv(argv).api_keys == ["k1"]
+    sgl = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--api-key", "$(PD_ENGINE_API_KEY)"]
+    monkeypatch.setenv("PD_ENGINE_API_KEY", "k2")
+    assert config_from_argv(sgl).api_keys == ["k2"]  # $(VAR) expanded as the kubelet does
+
+
+def test_flag_the_engine_lacks_is_refused():
+    with pytest.raises(FlagError) as err:
+        config_from_argv(["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--pd-disaggregation"])
+    assert err.value.flag == "--pd-disaggregation"
+    with pytest.raises(FlagError, match="kv_ip"):
+        config_from_argv(["vllm", "serve", "Qwen/Qwen3-8B", "--kv-transfer-config",
+                          '{"kv_connector":"NixlConnector","kv_role":"kv_producer","kv_ip":"1.2.3.4"}'])
+    with pytest.raises(ValueError, match="no cost shape"):
+        config_from_argv(["vllm", "serve", "acme/mystery-13b"])
+
+
+def test_wrong_flag_exits_nonzero_naming_it():
+    proc = subprocess.run([sys.executable, "-m", "pd_operator.sim", "--", "python3", "-m", "sglang.launch_server",
+                           "--model-path", "Qwen/Qwen3-8B", "--disaggregation-mode", "prefill", "--pd-disaggregation"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--pd-disaggregation" in proc.stderr
+
+
+def test_rendered_vllm_sim_serves_openai_and_metrics(procs):
+    """Start the rendered decode command (bound to loopback); auth on /v1 only; one chat completion."""
+    argv, env = rendered_engine("vllm-autoscaling", "decode")
+    host = loopback_host()
+    port = free_port(host)
+    procs.sim(argv, host, port, env={**env, "VLLM_API_KEY": "secret"})
+    base = f"http://{host}:{port}"
+    assert get(base + "/v1/models")[0] == 401
+    status, body = get(base + "/v1/models", {"Authorization": "Bearer secret"})
+    served = argv[argv.index("--served-model-name") + 1]
+    assert status == 200 and json.loads(body)["data"][0]["id"] == served
+    status, text = get(base + "/metrics")
+    assert status == 200 and f'vllm:num_requests_running{{engine="0",model_name="{served}"}}' in text
+    req = urllib.request.Request(
+        base + "/v1/chat/completions", method="POST",
+        headers={"Authorization": "Bearer secret", "Content-Type": "application/json"},
+        data=json.dumps({"model": served, "max_tokens": 7,
+                         "messages": [{"role": "user", "content": "x" * 400}]}).encode())
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        out = json.loads(resp.read())
+    # 400 chars = 100 tokens, + 4 per message + 3 for the generation prompt
+    assert out["usage"] == {"prompt_tokens": 107, "completion_tokens": 7, "total_tokens": 114}
+    text = get(base + "/metrics")[1]
+    assert metric(text, "vllm:generation_tokens_total") == 7
+    assert metric(text, "vllm:prompt_tokens_total") == 107
+    assert metric(text, "vllm:inter_token_latency_seconds_count") == 6
+
+
+def test_sglang_sim_auth_metrics_flag_and_disconnect(procs):
+    """SGLang: --api-key guards all but /health and /metrics; /metrics only with --enable-metrics;
+    a client that goes away mid-stream frees its slot and KV."""
+    host = loopback_host()
+    port = free_port(host)
+    base_argv = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--served-model-name", "q"]
+    procs.sim(base_argv, host, port)
+    assert get(f"http://{host}:{port}/metrics")[0] == 404  # no --enable-metrics
+
+    host2 = loopback_host()
+    port2 = free_port(host2)
+    procs.sim([*base_argv, "--enable-metrics", "--api-key", "k"], host2, port2)
+    base = f"http://{host2}:{port2}"
+    assert get(base + "/health")[0] == 200
+    assert get(base + "/get_server_info")[0] == 401
+    assert get(base + "/get_server_info", {"Authorization": "Bearer k"})[0] == 200
+    text = get(base + "/metrics")[1]
+    assert 'sglang:num_running_reqs{engine_type="unified",model_name="q",tp_rank="0"} 0.0' in text
+
+    import http.client
+    import time
+
+    conn = http.client.HTTPConnection(host2, port2, timeout=10)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "hi", "max_tokens": 5000, "stream": True}),
+                 headers={"Content-Type": "application/json", "Authorization": "Bearer k"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.fp.readline()  # first chunk
+    assert metric(get(base + "/metrics")[1], "sglang:num_running_reqs") == 1
+    conn.sock.close()
+    conn.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = get(base + "/metrics")[1]
+        if metric(text, "sglang:num_running_reqs") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(text, "sglang:num_running_reqs") == 0
+    assert metric(text, "sglang:token_usage") == 0
