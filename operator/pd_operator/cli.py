@@ -62,6 +62,22 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chart(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import chart
+
+    where = Path(args.dir) if args.dir else chart.CHART_DIR
+    if args.check:
+        old = chart.stale(where)
+        for rel in old:
+            print(f"pdctl: {where / rel} is stale: run `pdctl chart`", file=sys.stderr)
+        return 1 if old else 0
+    for rel in chart.write(where):
+        print(f"wrote {where / rel}")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
         docs = _load_documents(args.file)
@@ -98,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
     p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("chart", help="write the Helm chart's generated files (values.yaml, values.schema.json, crds/)")
+    p.add_argument("--check", action="store_true", help="only check: exit 1 when a generated file is stale")
+    p.add_argument("--dir", help="chart directory (default: charts/pd-operator of this checkout)")
+    p.set_defaults(func=cmd_chart)
+
+    from .bench import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

@@ -68,7 +68,11 @@ class Operator:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Operator":
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PD_OPERATOR_RESYNC_SECONDS": "5", "PYTHONUNBUFFERED": "1"}
+        # PD_OPERATOR_KUBECONFIG: run the operator under another identity (e.g. the
+        # Helm chart's ServiceAccount, tests/integration/test_install.py); the
+        # test itself keeps the admin kubeconfig.
+        kubeconfig = os.environ.get("PD_OPERATOR_KUBECONFIG") or self.kubeconfig
+        env = {**os.environ, "KUBECONFIG": kubeconfig, "PD_OPERATOR_RESYNC_SECONDS": "5", "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pd_operator", "-n", self.namespace, "--liveness-port", "0", "--metrics-port", "0"],
             env=env, stdout=self.log.open("a"), stderr=subprocess.STDOUT, cwd=REPO,

@@ -1,0 +1,81 @@
+{{/* Chart name. */}}
+{{- define "pd-operator.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: the release name when it already holds the chart name. */}}
+{{- define "pd-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pd-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pd-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "pd-operator.labels" -}}
+{{ include "pd-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "pd-operator.serviceAccountName" -}}
+{{- default (include "pd-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The namespaces the operator serves, one per line; empty: all. */}}
+{{- define "pd-operator.watchNamespaces" -}}
+{{- if .Values.watchNamespaces -}}
+{{- join "\n" (uniq .Values.watchNamespaces) -}}
+{{- else if eq .Values.rbac.scope "namespace" -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's namespaced permissions (ClusterRole or Role rules). */}}
+{{- define "pd-operator.rules" -}}
+# Its own resource: read, watch, and patch (kopf keeps its annotations there).
+- apiGroups: [pdserving.io]
+  resources: [pdinferenceservices]
+  verbs: [get, list, watch, patch]
+# Status (conditions, pools, endpoint) through the status subresource.
+- apiGroups: [pdserving.io]
+  resources: [pdinferenceservices/status]
+  verbs: [get, patch]
+# Events on the services (Created, InvalidSpec, ...).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# Pods: status and Pending reasons. Also granted onward to each router (RBAC
+# lets the operator create that Role only because it holds these verbs).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# The children it server-side applies (create + patch), watches and prunes.
+- apiGroups: [""]
+  resources: [services, serviceaccounts, configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [apps]
+  resources: [statefulsets, deployments]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, delete]
+{{- if .Values.rbac.secretReads }}
+# rbac.secretReads: get (never list or watch) a referenced API-key Secret.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end }}
+{{- end -}}

@@ -1,0 +1,312 @@
+"""The Helm chart's generated files, from one source (pure; no cluster, no helm).
+
+``Values`` below is the chart's configuration: its field descriptions and
+defaults produce ``charts/pd-operator/values.yaml`` (every key commented) and
+``values.schema.json`` (Helm checks ``--set`` and ``-f`` against it) and the
+configuration table of the chart's README.md. The CRD in
+``charts/pd-operator/crds/`` is the one ``pdctl crd`` prints (Helm installs
+``crds/`` first and never templates it).
+
+    pdctl chart            write the three files into charts/pd-operator
+    pdctl chart --check    exit 1 when any of them is stale
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import __version__
+from .api.crd import crd_yaml
+
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "pd-operator"
+HEADER = "# Generated from operator/pd_operator/chart.py by `pdctl chart`; do not edit.\n"
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Image(_M):
+    """The operator image (operator/Dockerfile)."""
+
+    repository: str = Field("ghcr.io/pd-operator/pd-operator", description="Image repository.")
+    tag: str = Field("", description="Image tag; empty: the chart's appVersion.")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", alias="pullPolicy", description="Kubernetes imagePullPolicy.")
+
+
+class Rbac(_M):
+    """What the operator may do (least privilege; see the chart README)."""
+
+    create: bool = Field(True, description="Create the ClusterRole/Role and bindings. false: bring your own.")
+    scope: Literal["cluster", "namespace"] = Field(
+        "cluster",
+        description="cluster: one ClusterRole for all namespaces. namespace: a Role in each of watchNamespaces "
+                    "(default: the release namespace); only a read-only ClusterRole for CRD and namespace "
+                    "discovery stays cluster-wide.")
+    secret_reads: bool = Field(
+        False, alias="secretReads",
+        description="Let the operator get Secrets (never list) to report a missing API-key Secret in status. "
+                    "false: the kubelet reports it on the pods instead.")
+
+
+class ServiceAccount(_M):
+    """The operator's identity."""
+
+    create: bool = Field(True, description="Create the ServiceAccount.")
+    name: str = Field("", description="Its name; empty: the release's full name.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations, e.g. for workload identity.")
+
+
+class Resources(_M):
+    """Operator container resources."""
+
+    requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"},
+                                     description="Requests.")
+    limits: dict[str, str] = Field(default_factory=lambda: {"memory": "512Mi"},
+                                   description="Limits (no CPU limit: reconcile bursts are short).")
+
+
+class ServiceMonitor(_M):
+    """A prometheus-operator ServiceMonitor for the operator's own metrics."""
+
+    enabled: bool = Field(False, description="Create it (needs the monitoring.coreos.com CRDs).")
+    interval: str = Field("30s", description="Scrape interval.")
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="Extra labels, e.g. the release label your Prometheus selects.")
+
+
+class Metrics(_M):
+    """The operator's Prometheus endpoint (/metrics)."""
+
+    port: int = Field(9090, ge=1, le=65535, description="Container port of /metrics.")
+    service: bool = Field(True, description="Create a ClusterIP Service for the metrics port.")
+    service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor, alias="serviceMonitor",
+                                            description="ServiceMonitor settings.")
+
+
+class PrometheusRule(_M):
+    """Alerts (prometheus-operator PrometheusRule). Prometheus cannot read the
+    PDInferenceService targets, so the thresholds are chart values; engine
+    metrics are matched by the pod labels pdserving_io_service/role that a
+    kubernetes_sd pod scrape with labelmap copies from the pods."""
+
+    enabled: bool = Field(False, description="Create it (needs the monitoring.coreos.com CRDs).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels, e.g. the release label your Prometheus selects.")
+    ttft_target_seconds: float = Field(1.0, gt=0, alias="ttftTargetSeconds",
+                                       description="Alert when a service's p99 time to first token stays above this.")
+    itl_target_seconds: float = Field(0.05, gt=0, alias="itlTargetSeconds",
+                                      description="Alert when a service's p99 inter-token latency stays above this.")
+    for_: str = Field("10m", alias="for", description="How long a condition must hold before it fires.")
+    window: str = Field("5m", description="Rate window of the latency quantiles.")
+    service_label: str = Field("pdserving_io_service", alias="serviceLabel",
+                               description="Prometheus label holding the pod label pdserving.io/service.")
+    role_label: str = Field("pdserving_io_role", alias="roleLabel",
+                            description="Prometheus label holding the pod label pdserving.io/role (prefill|decode).")
+
+
+class Dashboard(_M):
+    """A Grafana dashboard as a ConfigMap (Grafana's sidecar picks it up by label)."""
+
+    enabled: bool = Field(False, description="Create the ConfigMap.")
+    labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"},
+                                   description="Labels the Grafana sidecar selects.")
+    namespace: str = Field("", description="Namespace of the ConfigMap; empty: the release namespace.")
+
+
+class KubeStateMetrics(_M):
+    """kube-state-metrics custom-resource-state config exposing PDInferenceService
+    replicas, desired and maximum replicas (used by the max-replicas alert and the dashboard)."""
+
+    enabled: bool = Field(False, description="Create a ConfigMap holding the config; pass it to kube-state-metrics "
+                                             "with --custom-resource-state-config-file.")
+
+
+class Values(_M):
+    """pd-operator chart values."""
+
+    image: Image = Field(default_factory=Image, description="Operator image.")
+    image_pull_secrets: list[dict[str, str]] = Field(default_factory=list, alias="imagePullSecrets",
+                                                     description="Pull secrets, e.g. [{name: regcred}].")
+    replicas: int = Field(1, ge=0, le=1, description="Operator replicas: 0 or 1 (one active reconciler; "
+                                                     "no leader election).")
+    watch_namespaces: list[str] = Field(
+        default_factory=list, alias="watchNamespaces",
+        description="Namespaces to serve; empty: all (rbac.scope cluster) or the release namespace (rbac.scope namespace).")
+    resync_seconds: int = Field(60, ge=5, alias="resyncSeconds",
+                                description="Drift and status backstop period (child events act within seconds).")
+    verbose: bool = Field(False, description="Debug logging.")
+    rbac: Rbac = Field(default_factory=Rbac, description="RBAC settings.")
+    service_account: ServiceAccount = Field(default_factory=ServiceAccount, alias="serviceAccount",
+                                            description="ServiceAccount settings.")
+    resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
+    liveness_port: int = Field(8080, ge=1, le=65535, alias="livenessPort", description="Container port of /healthz.")
+    metrics: Metrics = Field(default_factory=Metrics, description="Operator metrics.")
+    prometheus_rule: PrometheusRule = Field(default_factory=PrometheusRule, alias="prometheusRule",
+                                            description="Alerting rules.")
+    dashboard: Dashboard = Field(default_factory=Dashboard, description="Grafana dashboard.")
+    kube_state_metrics: KubeStateMetrics = Field(default_factory=KubeStateMetrics, alias="kubeStateMetrics",
+                                                 description="kube-state-metrics config for PDInferenceServices.")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, alias="podAnnotations", description="Operator pod annotations.")
+    pod_labels: dict[str, str] = Field(default_factory=dict, alias="podLabels", description="Extra operator pod labels.")
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", description="Operator pod nodeSelector.")
+    tolerations: list[dict] = Field(default_factory=list, description="Operator pod tolerations.")
+    affinity: dict = Field(default_factory=dict, description="Operator pod affinity.")
+    priority_class_name: str = Field("", alias="priorityClassName", description="Operator pod priorityClassName.")
+    global_: dict = Field(default_factory=dict, alias="global", description="Helm global values (unused; allowed for parent charts).")
+
+
+# -- values.schema.json -----------------------------------------------------------
+
+
+def _strip(node):
+    if isinstance(node, dict):
+        return {k: _strip(v) for k, v in node.items() if k != "title"}
+    if isinstance(node, list):
+        return [_strip(v) for v in node]
+    return node
+
+
+def _inline(node, defs):
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = _inline(defs[node["$ref"].split("/")[-1]], defs)
+            extra = {k: v for k, v in node.items() if k != "$ref"}
+            return {**target, **extra}
+        return {k: _inline(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
+def values_schema() -> dict:
+    raw = Values.model_json_schema(by_alias=True)
+    defs = raw.pop("$defs", {})
+    schema = _strip(_inline(raw, defs))
+    return {"$schema": "http://json-schema.org/draft-07/schema#", **schema}
+
+
+def values_schema_json() -> str:
+    return json.dumps(values_schema(), indent=2, sort_keys=False) + "\n"
+
+
+# -- values.yaml --------------------------------------------------------------------
+
+
+def _comment(text: str, indent: str, width: int = 88) -> list[str]:
+    words, lines, line = text.split(), [], ""
+    for w in words:
+        if line and len(indent) + 2 + len(line) + 1 + len(w) > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    if line:
+        lines.append(line)
+    return [f"{indent}# {ln}" for ln in lines]
+
+
+def _scalar_yaml(value) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    return text[:-4].strip() if text.endswith("\n...") else text.removesuffix("...").strip()
+
+
+def _model_yaml(model: type[BaseModel], instance: BaseModel, indent: str) -> list[str]:
+    out: list[str] = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        value = getattr(instance, name)
+        out += _comment(field.description or key, indent)
+        if isinstance(value, BaseModel):
+            out.append(f"{indent}{key}:")
+            out += _model_yaml(type(value), value, indent + "  ")
+        elif isinstance(value, dict) and value:
+            out.append(f"{indent}{key}:")
+            for k, v in value.items():
+                out.append(f"{indent}  {_scalar_yaml(k)}: {_scalar_yaml(v)}")
+        else:
+            out.append(f"{indent}{key}: {_scalar_yaml(value)}")
+    return out
+
+
+def values_yaml() -> str:
+    return HEADER + "\n".join(_model_yaml(Values, Values(), "")) + "\n"
+
+
+# -- README configuration table --------------------------------------------------------
+
+TABLE_BEGIN = "<!-- values table: generated by `pdctl chart` -->"
+TABLE_END = "<!-- end of values table -->"
+
+
+def _rows(model: type[BaseModel], instance: BaseModel, prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        value = getattr(instance, name)
+        if isinstance(value, BaseModel):
+            rows += _rows(type(value), value, key + ".")
+        else:
+            shown = json.dumps(value) if not isinstance(value, str) else (f'"{value}"' if value else '""')
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{key}` | `{shown}` | {desc} |")
+    return rows
+
+
+def values_table() -> str:
+    lines = ["| Key | Default | Description |", "|---|---|---|", *_rows(Values, Values(), "")]
+    return "\n".join([TABLE_BEGIN, *lines, TABLE_END])
+
+
+def readme_with_table(readme: str) -> str:
+    """``readme`` with its values table replaced by the current one."""
+    start, end = readme.index(TABLE_BEGIN), readme.index(TABLE_END) + len(TABLE_END)
+    return readme[:start] + values_table() + readme[end:]
+
+
+# -- the files -----------------------------------------------------------------------
+
+
+def generated_files() -> dict[str, str]:
+    """Chart-relative path -> content."""
+    return {
+        "values.yaml": values_yaml(),
+        "values.schema.json": values_schema_json(),
+        "crds/pdinferenceservices.yaml": crd_yaml(),
+    }
+
+
+def _with_readme(chart_dir: Path) -> dict[str, str]:
+    files = generated_files()
+    readme = chart_dir / "README.md"
+    if readme.is_file() and TABLE_BEGIN in readme.read_text():
+        files["README.md"] = readme_with_table(readme.read_text())
+    return files
+
+
+def stale(chart_dir: Path = CHART_DIR) -> list[str]:
+    out = []
+    for rel, text in _with_readme(chart_dir).items():
+        path = chart_dir / rel
+        if not path.is_file() or path.read_text() != text:
+            out.append(rel)
+    return out
+
+
+def write(chart_dir: Path = CHART_DIR) -> list[str]:
+    written = []
+    for rel, text in _with_readme(chart_dir).items():
+        path = chart_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            written.append(rel)
+    return written
+
+
+APP_VERSION = __version__

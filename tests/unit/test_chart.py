@@ -1,0 +1,313 @@
+"""The Helm chart: generated files current, values documented, `helm lint` clean,
+`helm template` output safe and least-privilege, manifests/install.yaml current.
+
+The helm tests run the pinned helm that e2e/controlplane/build.sh builds (as
+CI does); they skip only when that binary is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from pd_operator import chart
+from pd_operator.api.crd import crd_yaml
+from tests.conftest import ROOT
+
+CHART = ROOT / "charts" / "pd-operator"
+
+
+def _helm_binary():
+    from tests.integration.conftest import load_local_cluster_module  # e2e/cluster.py by path
+
+    return load_local_cluster_module().binary("helm")
+
+
+try:
+    HELM = _helm_binary()
+except Exception:  # pragma: no cover - e.g. the kubernetes client missing
+    HELM = None
+needs_helm = pytest.mark.skipif(HELM is None or not HELM.is_file(),
+                                reason="pinned helm not built (e2e/controlplane/build.sh builds it; CI has it)")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/pd-helm-cache", "HELM_CONFIG_HOME": "/tmp/pd-helm-config",
+           "HELM_DATA_HOME": "/tmp/pd-helm-data"}
+    r = subprocess.run([str(HELM), *args], capture_output=True, text=True, env=env, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def template(*sets: str, namespace: str = "pd-operator-system") -> list[dict]:
+    argv = ["template", "pd-operator", str(CHART), "--namespace", namespace]
+    for s in sets:
+        argv += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*argv).stdout) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+# -- generated files (no helm needed) --------------------------------------------------
+
+
+def test_generated_chart_files_are_current():
+    assert not chart.stale(), "charts/pd-operator is stale: run `pdctl chart`"
+    assert (CHART / "crds" / "pdinferenceservices.yaml").read_text() == crd_yaml()
+    assert (ROOT / "crds" / "pdinferenceservices.yaml").read_text() == (CHART / "crds" / "pdinferenceservices.yaml").read_text()
+
+
+def test_every_values_key_is_commented():
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("#") or not stripped:
+            continue
+        if ":" in stripped and lines[i - 1].strip().startswith("#"):
+            continue
+        # entries of a default map (e.g. resources.requests.cpu) sit under their commented key
+        indent = len(line) - len(line.lstrip())
+        parent = next((lines[j] for j in range(i - 1, -1, -1)
+                       if lines[j].strip() and not lines[j].strip().startswith("#")
+                       and len(lines[j]) - len(lines[j].lstrip()) < indent), "")
+        assert parent.rstrip().endswith(":"), f"values.yaml line {i + 1} has no comment: {line!r}"
+
+
+def test_values_yaml_equals_the_model_defaults():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values == chart.Values().model_dump(by_alias=True, mode="json")
+    assert chart.Values.model_validate(values) == chart.Values()
+
+
+def test_schema_is_closed_and_described():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node, path):
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, path
+            for key, sub in node["properties"].items():
+                assert sub.get("description"), f"{path}.{key} has no description"
+                walk(sub, f"{path}.{key}")
+    walk(schema, "$")
+    assert schema["properties"]["rbac"]["properties"]["scope"]["enum"] == ["cluster", "namespace"]
+
+
+def test_pdctl_chart_check(tmp_path):
+    from pd_operator.cli import main
+
+    assert main(["chart", "--check"]) == 0
+    assert main(["chart", "--check", "--dir", str(tmp_path)]) == 1
+    assert main(["chart", "--dir", str(tmp_path)]) == 0
+    assert main(["chart", "--check", "--dir", str(tmp_path)]) == 0
+
+
+# -- helm ---------------------------------------------------------------------------------
+
+
+@needs_helm
+def test_install_yaml_is_current():
+    r = subprocess.run(["bash", str(ROOT / "charts" / "render-install.sh")], capture_output=True, text=True,
+                       env={**os.environ, "HELM": str(HELM)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (ROOT / "manifests" / "install.yaml").read_text() == r.stdout, \
+        "manifests/install.yaml is stale: run `charts/render-install.sh > manifests/install.yaml`"
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert [d["kind"] for d in docs[:2]] == ["Namespace", "CustomResourceDefinition"]
+    assert all(d["metadata"].get("namespace", "pd-operator-system") == "pd-operator-system" for d in docs)
+
+
+@needs_helm
+@pytest.mark.parametrize("sets", [
+    (), ("rbac.scope=namespace",),
+    ("prometheusRule.enabled=true", "dashboard.enabled=true", "kubeStateMetrics.enabled=true",
+     "metrics.serviceMonitor.enabled=true", "rbac.secretReads=true", "watchNamespaces={a,b}", "rbac.scope=namespace"),
+])
+def test_helm_lint_clean(sets):
+    argv = ["lint", str(CHART), "--strict"]
+    for s in sets:
+        argv += ["--set", s]
+    out = helm(*argv).stdout
+    assert "[WARNING]" not in out and "[ERROR]" not in out, out
+
+
+@needs_helm
+def test_schema_refuses_bad_values():
+    r = helm("template", "x", str(CHART), "--set", "rbac.scope=everything", check=False)
+    assert r.returncode != 0 and "rbac" in r.stderr
+    r = helm("template", "x", str(CHART), "--set", "replicas=3", check=False)
+    assert r.returncode != 0 and "replicas" in r.stderr
+    r = helm("template", "x", str(CHART), "--set", "rbac.secretRead=true", check=False)  # a typo
+    assert r.returncode != 0
+
+
+@needs_helm
+def test_deployment_is_locked_down():
+    docs = template()
+    (deploy,) = by_kind(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/healthz"
+    assert c["image"] == "ghcr.io/pd-operator/pd-operator:0.1.0"
+    assert c["args"][0] == "--all-namespaces" and "--metrics-port=9090" in c["args"]
+    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+    assert pod["serviceAccountName"] == "pd-operator"
+    (svc,) = by_kind(docs, "Service")
+    assert svc["spec"]["ports"][0]["port"] == 9090
+    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
+
+
+def _rules(docs):
+    for d in docs:
+        if d["kind"] in ("ClusterRole", "Role"):
+            for rule in d["rules"]:
+                yield d, rule
+
+
+@needs_helm
+@pytest.mark.parametrize("sets", [(), ("rbac.scope=namespace",), ("rbac.secretReads=true",),
+                                  ("rbac.scope=namespace", "watchNamespaces={a,b}", "rbac.secretReads=true")])
+def test_rbac_is_least_privilege(sets):
+    docs = template(*sets)
+    secret_reads = "rbac.secretReads=true" in sets
+    for role, rule in _rules(docs):
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule.get("apiGroups", []), role
+        assert not {"escalate", "bind", "impersonate", "deletecollection", "update"} & set(rule["verbs"]), rule
+        if "secrets" in rule["resources"]:
+            assert secret_reads and rule["verbs"] == ["get"] and rule["resources"] == ["secrets"]
+        if rule["resources"] == ["pods"]:
+            assert rule["verbs"] == ["get", "list", "watch"]  # no exec, no writes
+    assert any("secrets" in r["resources"] for _, r in _rules(docs)) == secret_reads
+    # cluster-wide rules are read-only discovery, except the namespaced set in scope=cluster
+    clusterroles = {d["metadata"]["name"]: d for d in by_kind(docs, "ClusterRole")}
+    discovery = clusterroles.pop("pd-operator-discovery")
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in discovery["rules"])
+    assert {res for r in discovery["rules"] for res in r["resources"]} <= {"customresourcedefinitions", "namespaces"}
+    if "rbac.scope=namespace" in sets:
+        assert not clusterroles and not [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == "pd-operator"]
+        namespaces = ["a", "b"] if "watchNamespaces={a,b}" in sets else ["pd-operator-system"]
+        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == namespaces
+        assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == namespaces
+        (deploy,) = by_kind(docs, "Deployment")
+        assert [a for a in deploy["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--namespace")] \
+            == [f"--namespace={n}" for n in namespaces]
+    else:
+        assert list(clusterroles) == ["pd-operator"] and not by_kind(docs, "Role")
+
+
+@needs_helm
+def test_rbac_covers_what_the_operator_touches():
+    """Every kind the controller applies (kube.KINDS) has create+patch+delete+watch;
+    the router Role the operator grants is a subset of its own (escalation check)."""
+    from pd_operator.controller.kube import KINDS
+
+    docs = template()
+    (role,) = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == "pd-operator"]
+    granted = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                granted[(group, res)] = set(rule["verbs"])
+    for api_version, plural in KINDS.values():
+        group = api_version.split("/")[0] if "/" in api_version else ""
+        assert {"get", "list", "watch", "create", "patch", "delete"} <= granted[(group, plural)], plural
+    assert {"get", "list", "watch", "patch"} <= granted[("pdserving.io", "pdinferenceservices")]
+    assert "patch" in granted[("pdserving.io", "pdinferenceservices/status")]
+    assert granted[("", "events")] == {"create"}
+    assert {"get", "list", "watch"} <= granted[("", "pods")]
+
+
+@needs_helm
+def test_monitoring_objects_use_real_metric_names():
+    docs = template("prometheusRule.enabled=true", "dashboard.enabled=true", "kubeStateMetrics.enabled=true",
+                    "metrics.serviceMonitor.enabled=true")
+    (rule,) = by_kind(docs, "PrometheusRule")
+    text = json.dumps(rule)
+    for metric in ("vllm:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_bucket",
+                   "vllm:inter_token_latency_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
+                   "pd_operator_service_ready", "pdserving_pool_max_replicas"):
+        assert metric in text, metric
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts == {"PDServiceTTFTOverTarget", "PDServiceITLOverTarget", "PDServicePoolAtMaxReplicas",
+                      "PDServiceEngineMetricsMissing", "PDOperatorMetricsMissing"}
+    from pd_operator.controller import metrics
+
+    operator_metrics = {m._name for m in vars(metrics).values() if hasattr(m, "_name")}
+    maps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
+    dash = json.loads(maps["pd-operator-dashboard"]["data"]["pd-operator.json"])
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for name in ("pd_operator_reconciles", "pd_operator_reconcile_duration_seconds", "pd_operator_service_ready"):
+        assert name in operator_metrics and name in exprs
+    titles = " ".join(p["title"] for p in dash["panels"])
+    for word in ("Replicas", "TTFT", "ITL", "Scaling", "Goodput"):
+        assert word in titles
+    ksm = yaml.safe_load(maps["pd-operator-ksm"]["data"]["pdinferenceservices.yaml"])
+    names = {m["name"] for m in ksm["spec"]["resources"][0]["metrics"]}
+    assert names == {"pool_replicas", "pool_ready_replicas", "pool_desired_replicas", "pool_max_replicas"}
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@needs_helm
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
+def test_promql_parses(tmp_path):
+    """The PrometheusRule and every dashboard query parse (promtool check rules)."""
+    docs = template("prometheusRule.enabled=true", "dashboard.enabled=true")
+    (rule,) = by_kind(docs, "PrometheusRule")
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "pd-operator-dashboard"]
+    dash = json.loads(cm["data"]["pd-operator.json"])
+    subst = {"$namespace": "default", "$service": ".*", "$__rate_interval": "1m", "$ttft_target": "1.0",
+             "$itl_target": "0.05"}
+    queries = []
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for var, value in subst.items():
+                expr = expr.replace(var, value)
+            queries.append({"record": f"dashboard:panel{panel['id']}:{target['refId']}", "expr": expr})
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"] + [{"name": "dashboard", "rules": queries}]}))
+    r = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_image_pins_every_runtime_dependency():
+    """operator/Dockerfile's constraints hold each pyproject dependency at the
+    pyproject pin, and the operator runs as non-root from a tag-pinned base."""
+    import re
+    import tomllib
+
+    dockerfile = (ROOT / "operator" / "Dockerfile").read_text()
+    block = dockerfile.split("/etc/pd-operator/constraints.txt\n", 1)[1].split("\nPINS\n", 1)[0]
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    pins = dict(line.split("==") for line in block.splitlines())
+    pins = {norm(k): v for k, v in pins.items()}
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name, version = dep.split("==")
+        assert pins.get(norm(name)) == version, f"operator/Dockerfile does not pin {dep}"
+    assert re.search(r"^ARG PYTHON_IMAGE=\S+:3\.\d+\.\d+-slim-\w+$", dockerfile, re.M)
+    assert "USER 65532:65532" in dockerfile
+    assert 'ENTRYPOINT ["python", "-m", "pd_operator"]' in dockerfile
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    from pd_operator import __version__
+
+    assert chart_meta["appVersion"] == __version__  # the image tag the chart defaults to
+    assert values["image"]["repository"] == "ghcr.io/pd-operator/pd-operator"
