@@ -138,12 +138,16 @@ class Kube:
         return out.get("items", []) if out else []
 
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
-        self._call(
-            "PATCH",
-            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
-            body={"status": status},
-            content_type="application/merge-patch+json",
-        )
+        try:
+            self._call(
+                "PATCH",
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+                body={"status": status},
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as err:
+            if err.status != 404:  # deleted while we reconciled: nothing to report on
+                raise
 
     def secret_problem(self, namespace: str, name: str, key: str) -> str | None:
         """Why a referenced Secret key cannot be used (None: it can)."""
