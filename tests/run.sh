@@ -17,6 +17,13 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/python -m pip install --quiet -e '.[test]'
 
+# Real Prometheus (Debian package): promtool checks the chart's alert rules
+# and dashboard queries; the autoscaling e2e scrapes the simulated engines.
+if ! command -v promtool >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  systemctl disable --now prometheus >/dev/null 2>&1 || true  # tests start their own
+fi
+
 # The real control plane (kube-apiserver, etcd, scheduler, controller-manager,
 # kwok, helm) from Go modules; a no-op when the cache has it.
 if [[ -z "${KUBECONFIG:-}" ]]; then
