@@ -1,0 +1,1 @@
+"""Autoscaling: the pure decision (decide.py); signals and actuation come later."""

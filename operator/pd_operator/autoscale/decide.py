@@ -1,0 +1,253 @@
+"""The autoscaling decision: pure, deterministic, clock passed in.
+
+One call decides one pool: given what the pool is (replicas, ready, starting,
+unschedulable), what Prometheus saw (the latency quantile the pool is sized
+on, its age, and optionally the demand), the policy (HPA-shaped) and the
+history of earlier decisions, it returns the replica count and why.
+:func:`share_budget` then fits both pools' decisions into the GPU budget.
+
+The control law (docs: autoscale/README.md):
+
+1. No or stale data -> hold (never down, never to zero), MetricsAvailable=False.
+2. Feedback on the observed quantile, as HPA does on its metric:
+   ``ratio = observed / target``; inside the tolerance band -> keep;
+   otherwise ``ceil(ready * ratio)``.
+3. A model-based floor when demand is known: ``ceil(demand / capacity)``,
+   where ``capacity`` is what one replica serves at the target (from the
+   calibrated cost model). Scale-up takes the larger of feedback and model;
+   scale-down never goes below the model's need.
+4. Guards: no scale-up while pods are Unschedulable (they would only add
+   Pending pods); no scale-down while pods are starting (their capacity is not
+   observed yet); min/max bounds.
+5. HPA behaviour: stabilization windows (up: lowest recommendation in the
+   window, down: highest) and rate-limit policies per period, selectPolicy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..api.models import PoolAutoscaling, ScalingRules, duration_seconds
+
+# HPA's defaults (autoscaling/v2): up: max(100%, 4 pods) per 15 s, no window;
+# down: 100% per 15 s, 300 s window.
+DEFAULT_UP = ScalingRules(stabilization_window_seconds=0, select_policy="Max",
+                          policies=[{"type": "Percent", "value": 100, "period_seconds": 15},
+                                    {"type": "Pods", "value": 4, "period_seconds": 15}])
+DEFAULT_DOWN = ScalingRules(stabilization_window_seconds=300, select_policy="Max",
+                            policies=[{"type": "Percent", "value": 100, "period_seconds": 15}])
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """What the pool is right now."""
+
+    replicas: int          # desired replicas currently set on the StatefulSet
+    ready: int             # pods Ready
+    starting: int = 0      # pods scheduled but not Ready yet
+    unschedulable: int = 0  # pods Pending with PodScheduled=False
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What Prometheus saw for the pool."""
+
+    observed: float | None          # the target quantile of the pool's latency, seconds (None: no data)
+    observed_at: float | None       # when (seconds, same clock as ``now``)
+    demand: float | None = None     # load in the unit of ``capacity`` (e.g. prompt tokens/s, running streams)
+    capacity: float | None = None   # what one replica serves at the target, same unit
+
+
+@dataclass(frozen=True)
+class Event:
+    """One past recommendation of the pool."""
+
+    at: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Change:
+    """One past resize of the pool."""
+
+    at: float
+    before: int
+    after: int
+
+
+@dataclass
+class History:
+    """What the decision remembers between calls (kept by the caller)."""
+
+    recommendations: list[Event] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+
+    def prune(self, now: float, keep_seconds: float) -> None:
+        self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
+        self.changes = [c for c in self.changes if now - c.at <= keep_seconds]
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    reason: str
+    metrics_available: bool
+    recommendation: int  # before behaviour/guards, for status and debugging
+
+    @property
+    def message(self) -> str:
+        return self.reason
+
+
+def _rules(rules: ScalingRules | None, default: ScalingRules) -> ScalingRules:
+    if rules is None:
+        return default
+    return ScalingRules(
+        stabilization_window_seconds=(rules.stabilization_window_seconds
+                                      if rules.stabilization_window_seconds is not None else default.stabilization_window_seconds),
+        select_policy=rules.select_policy or default.select_policy,
+        policies=rules.policies or default.policies,
+    )
+
+
+def _rate_limit(rules: ScalingRules, current: int, history: History, now: float, up: bool) -> int:
+    """The furthest the pool may move from ``current`` now, as HPA computes it:
+    each policy allows ``value`` pods (or percent) per ``periodSeconds``,
+    counted from the size at the start of the period; selectPolicy Max picks
+    the most permissive policy, Min the least, Disabled forbids the direction."""
+    if rules.select_policy == "Disabled":
+        return current
+    limits = []
+    for p in rules.policies:
+        recent = [c for c in history.changes if now - c.at < p.period_seconds]
+        if up:
+            start = current - sum(max(0, c.after - c.before) for c in recent)
+            limits.append(start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100)))
+        else:
+            start = current + sum(max(0, c.before - c.after) for c in recent)
+            limits.append(start - p.value if p.type == "Pods" else math.ceil(start * (1 - p.value / 100)))
+    if not limits:
+        return current
+    most_permissive = max if up else min
+    least_permissive = min if up else max
+    return (most_permissive if rules.select_policy == "Max" else least_permissive)(limits)
+
+
+def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: History, now: float,
+           interval_seconds: float = 30.0) -> Decision:
+    """Replicas for one pool. ``history`` is updated in place."""
+    lo = policy.min_replicas
+    hi = policy.max_replicas if policy.max_replicas is not None else max(state.replicas, lo)
+    current = state.replicas
+    target = duration_seconds(policy.target.value)
+    stale_after = 3 * interval_seconds
+
+    # 1. no or stale data: hold
+    if signal.observed is None or signal.observed_at is None:
+        return Decision(max(lo, min(current, hi)), "no latency data from Prometheus: holding", False, current)
+    if now - signal.observed_at > stale_after:
+        age = now - signal.observed_at
+        return Decision(max(lo, min(current, hi)), f"latency data is {age:.0f}s old (> {stale_after:.0f}s): holding", False, current)
+
+    # 2./3. recommendation
+    ratio = signal.observed / target
+    base = max(state.ready, 1)
+    model = None
+    if signal.demand is not None and signal.capacity:
+        model = math.ceil(signal.demand / signal.capacity) if signal.demand > 0 else lo
+    if abs(ratio - 1) <= policy.tolerance:
+        rec = current
+        why = f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms within {policy.tolerance:.0%} of target {target * 1000:.0f}ms"
+    elif ratio > 1:
+        rec = math.ceil(base * ratio)
+        if model is not None:
+            rec = max(rec, model)
+        why = f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms above target {target * 1000:.0f}ms"
+    else:
+        rec = math.ceil(base * ratio)
+        if model is not None:
+            rec = max(rec, model)
+        why = f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms below target {target * 1000:.0f}ms"
+    if model is not None:
+        why += f"; demand needs {model}"
+    rec = max(lo, min(rec, hi))
+
+    # 5. stabilization windows
+    up_rules = _rules(policy.behavior.scale_up, DEFAULT_UP)
+    down_rules = _rules(policy.behavior.scale_down, DEFAULT_DOWN)
+    history.recommendations.append(Event(now, rec))
+    window_up = up_rules.stabilization_window_seconds or 0
+    window_down = down_rules.stabilization_window_seconds or 0
+    in_up = [e.replicas for e in history.recommendations if now - e.at <= window_up]
+    in_down = [e.replicas for e in history.recommendations if now - e.at <= window_down]
+    desired = current
+    if rec > current:
+        desired = max(current, min(in_up or [rec]))
+    elif rec < current:
+        desired = min(current, max(in_down or [rec]))
+        if desired > rec:
+            why += f"; scale-down held at {desired} by the {window_down}s stabilization window"
+
+    # rate limits
+    if desired > current:
+        desired = min(desired, _rate_limit(up_rules, current, history, now, up=True))
+    elif desired < current:
+        desired = max(desired, _rate_limit(down_rules, current, history, now, up=False))
+
+    # 4. guards
+    if desired > current and state.unschedulable:
+        desired = current
+        why += f"; not scaling up: {state.unschedulable} pod(s) Unschedulable (no free GPUs for more)"
+    if desired < current and state.starting:
+        desired = current
+        why += f"; not scaling down: {state.starting} pod(s) still starting"
+
+    desired = max(lo, min(desired, hi))
+    if desired != current:
+        history.changes.append(Change(now, current, desired))
+        why = f"{current} -> {desired}: " + why
+    history.prune(now, max(window_up, window_down, 1800) + interval_seconds)
+    return Decision(desired, why, True, rec)
+
+
+@dataclass(frozen=True)
+class PoolClaim:
+    """One pool's decision, for the shared GPU budget."""
+
+    role: str
+    current: int
+    desired: int
+    gpus_per_replica: int
+    pressure: float  # observed / target (how badly it needs capacity)
+
+
+def share_budget(claims: list[PoolClaim], max_total_gpus: int | None) -> dict[str, tuple[int, str | None]]:
+    """Fit the pools' desired sizes into the GPU budget.
+
+    Scale-downs always happen. Scale-ups are granted one replica at a time to
+    the pool under the most pressure (observed/target) while GPUs remain;
+    never below a pool's current size. Returns role -> (replicas, why cut).
+    """
+    out = {c.role: (c.desired, None) for c in claims}
+    if max_total_gpus is None:
+        return out
+    sizes = {c.role: min(c.current, c.desired) for c in claims}
+    used = sum(sizes[c.role] * c.gpus_per_replica for c in claims)
+    wanting = sorted(claims, key=lambda c: -c.pressure)
+    progress = True
+    while progress:
+        progress = False
+        for c in wanting:
+            if sizes[c.role] < c.desired and used + c.gpus_per_replica <= max_total_gpus:
+                sizes[c.role] += 1
+                used += c.gpus_per_replica
+                progress = True
+                break
+    for c in claims:
+        if sizes[c.role] < c.desired:
+            out[c.role] = (sizes[c.role], f"GPU budget autoscaling.maxTotalGPUs={max_total_gpus} reached: "
+                                          f"{c.role} held at {sizes[c.role]} instead of {c.desired}")
+        else:
+            out[c.role] = (c.desired, None)
+    return out

@@ -1,0 +1,125 @@
+"""The pure autoscaling decision: holds on missing data, never scales into
+Unschedulable pods or down while pods start, HPA behaviour, GPU budget."""
+
+from __future__ import annotations
+
+from pd_operator.api.models import DecodeAutoscaling, PrefillAutoscaling
+from pd_operator.autoscale.decide import History, PoolClaim, PoolState, Signal, decide, share_budget
+
+
+def prefill(**kw):
+    base = {"enabled": True, "min_replicas": 1, "max_replicas": 10}
+    base.update(kw)
+    return PrefillAutoscaling(**base)
+
+
+def sig(observed, at=1000.0, **kw):
+    return Signal(observed=observed, observed_at=at, **kw)
+
+
+def test_no_data_holds_and_reports():
+    h = History()
+    d = decide(prefill(), PoolState(replicas=4, ready=4), Signal(None, None), h, now=1000.0)
+    assert (d.replicas, d.metrics_available) == (4, False) and "no latency data" in d.reason
+
+
+def test_stale_data_never_scales_down_or_to_zero():
+    d = decide(prefill(), PoolState(replicas=4, ready=4), sig(0.01, at=800.0), History(), now=1000.0, interval_seconds=30)
+    assert d.replicas == 4 and not d.metrics_available and "old" in d.reason
+
+
+def test_within_tolerance_keeps():
+    d = decide(prefill(), PoolState(replicas=3, ready=3), sig(1.05), History(), now=1000.0)
+    assert d.replicas == 3 and "within" in d.reason
+
+
+def test_ttft_above_target_scales_up_proportionally():
+    d = decide(prefill(), PoolState(replicas=2, ready=2), sig(2.0), History(), now=1000.0)
+    assert d.replicas == 4 and "2 -> 4" in d.reason and "above target" in d.reason
+
+
+def test_model_floor_raises_the_feedback():
+    # feedback alone says 3 (1.5x over target), demand says 6 replicas
+    d = decide(prefill(), PoolState(replicas=2, ready=2), sig(1.5, demand=60000, capacity=10000), History(), now=1000.0)
+    assert d.replicas == 6 and d.recommendation == 6 and "demand needs 6" in d.reason
+
+
+def test_scale_up_rate_limit_is_hpas_default():
+    # from 10, the model wants 30: HPA's default allows max(+100%, +4 pods) per 15 s
+    h = History()
+    d = decide(prefill(max_replicas=40), PoolState(replicas=10, ready=10), sig(3.0, demand=30, capacity=1), h, now=1000.0)
+    assert (d.recommendation, d.replicas) == (30, 20)
+    d = decide(prefill(max_replicas=40), PoolState(replicas=20, ready=10, starting=10), sig(3.0, at=1010.0, demand=30, capacity=1), h, now=1010.0)
+    assert d.replicas == 20  # still inside the 15 s period of the last +10
+
+
+def test_max_bound():
+    d = decide(prefill(max_replicas=3), PoolState(replicas=2, ready=2), sig(5.0), History(), now=1000.0)
+    assert d.replicas == 3
+
+
+def test_no_scale_up_into_unschedulable_pods():
+    d = decide(prefill(), PoolState(replicas=5, ready=3, unschedulable=2), sig(3.0), History(), now=1000.0)
+    assert d.replicas == 5 and "Unschedulable" in d.reason
+
+
+def test_starting_pods_are_never_scaled_down():
+    h = History()
+    pol = prefill(behavior={"scale_down": {"stabilization_window_seconds": 0}})
+    d = decide(pol, PoolState(replicas=4, ready=2, starting=2), sig(0.2), h, now=1000.0)
+    assert d.replicas == 4 and "still starting" in d.reason
+
+
+def test_scale_down_waits_for_the_stabilization_window():
+    pol = prefill()  # default down window 300 s
+    h = History()
+    state = PoolState(replicas=6, ready=6)
+    assert decide(pol, state, sig(1.5, at=1000.0), h, now=1000.0).replicas == 9  # busy: up
+    h = History()
+    decide(pol, state, sig(1.0, at=1000.0), h, now=1000.0)      # at target: recommends 6
+    d = decide(pol, state, sig(0.3, at=1100.0), h, now=1100.0)  # quiet now, but 6 was recommended 100 s ago
+    assert d.replicas == 6 and "window" in d.reason
+    d = decide(pol, state, sig(0.3, at=1400.0), h, now=1401.0)  # the window has passed
+    assert d.replicas == 2
+
+
+def test_scale_down_rate_limit_pods_policy():
+    pol = prefill(behavior={"scale_down": {"stabilization_window_seconds": 0, "policies": [{"type": "Pods", "value": 1, "period_seconds": 60}]}})
+    h = History()
+    d1 = decide(pol, PoolState(replicas=8, ready=8), sig(0.1, at=1000.0), h, now=1000.0)
+    d2 = decide(pol, PoolState(replicas=d1.replicas, ready=d1.replicas), sig(0.1, at=1030.0), h, now=1030.0)
+    d3 = decide(pol, PoolState(replicas=d2.replicas, ready=d2.replicas), sig(0.1, at=1061.0), h, now=1061.0)
+    assert (d1.replicas, d2.replicas, d3.replicas) == (7, 7, 6)
+
+
+def test_disabled_direction():
+    pol = prefill(behavior={"scale_down": {"select_policy": "Disabled"}})
+    d = decide(pol, PoolState(replicas=5, ready=5), sig(0.1), History(), now=1000.0)
+    assert d.replicas == 5
+
+
+def test_decode_uses_itl():
+    pol = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=8)
+    d = decide(pol, PoolState(replicas=2, ready=2), sig(0.1), History(), now=1000.0)  # 100 ms vs 50 ms
+    assert d.replicas == 4 and d.reason.startswith("2 -> 4: itl")
+
+
+def test_budget_goes_to_the_pool_under_most_pressure():
+    claims = [
+        PoolClaim("prefill", current=4, desired=8, gpus_per_replica=1, pressure=1.5),
+        PoolClaim("decode", current=4, desired=6, gpus_per_replica=2, pressure=3.0),
+    ]
+    out = share_budget(claims, max_total_gpus=16)
+    # 4 + 8 = 12 used; decode (more pressure) gets +2 replicas = 4 GPUs -> 16
+    assert out["decode"] == (6, None)
+    assert out["prefill"][0] == 4 and "maxTotalGPUs=16" in out["prefill"][1]
+
+
+def test_budget_never_shrinks_below_current_and_allows_downs():
+    claims = [
+        PoolClaim("prefill", current=6, desired=3, gpus_per_replica=1, pressure=0.2),
+        PoolClaim("decode", current=6, desired=9, gpus_per_replica=1, pressure=2.0),
+    ]
+    out = share_budget(claims, max_total_gpus=10)
+    assert out["prefill"] == (3, None) and out["decode"][0] == 7
+    assert share_budget(claims, None) == {"prefill": (3, None), "decode": (9, None)}
