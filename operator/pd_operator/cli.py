@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
+    from .autoscale.bench import add_parser as add_autoscale_bench_parser
+
+    add_autoscale_bench_parser(sub)
     return parser
 
 

@@ -222,18 +222,19 @@ class PoolClaim:
     pressure: float  # observed / target (how badly it needs capacity)
 
 
-def share_budget(claims: list[PoolClaim], max_total_gpus: int | None) -> dict[str, tuple[int, str | None]]:
+def share_budget(claims: list[PoolClaim], max_total_gpus: int | None, reserved: int = 0) -> dict[str, tuple[int, str | None]]:
     """Fit the pools' desired sizes into the GPU budget.
 
     Scale-downs always happen. Scale-ups are granted one replica at a time to
     the pool under the most pressure (observed/target) while GPUs remain;
-    never below a pool's current size. Returns role -> (replicas, why cut).
+    never below a pool's current size. ``reserved``: GPUs of pools that do
+    not autoscale. Returns role -> (replicas, why cut).
     """
     out = {c.role: (c.desired, None) for c in claims}
     if max_total_gpus is None:
         return out
     sizes = {c.role: min(c.current, c.desired) for c in claims}
-    used = sum(sizes[c.role] * c.gpus_per_replica for c in claims)
+    used = reserved + sum(sizes[c.role] * c.gpus_per_replica for c in claims)
     wanting = sorted(claims, key=lambda c: -c.pressure)
     progress = True
     while progress:
@@ -246,7 +247,8 @@ def share_budget(claims: list[PoolClaim], max_total_gpus: int | None) -> dict[st
                 break
     for c in claims:
         if sizes[c.role] < c.desired:
-            out[c.role] = (sizes[c.role], f"GPU budget autoscaling.maxTotalGPUs={max_total_gpus} reached: "
+            held = f" ({reserved} used by pools that do not autoscale)" if reserved else ""
+            out[c.role] = (sizes[c.role], f"GPU budget autoscaling.maxTotalGPUs={max_total_gpus}{held} reached: "
                                           f"{c.role} held at {sizes[c.role]} instead of {c.desired}")
         else:
             out[c.role] = (c.desired, None)

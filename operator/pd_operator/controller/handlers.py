@@ -112,11 +112,22 @@ def resync_forever(namespaces: list[str], stop: threading.Event) -> None:
                 log.exception("resync of namespace %s failed; retrying in %ss", namespace or "(all)", RESYNC_SECONDS)
 
 
+# How often the autoscaler decides (the services' autoscaling.interval is
+# documented as 30 s; a shorter value here is for tests).
+AUTOSCALE_SECONDS = float(os.environ.get("PD_OPERATOR_AUTOSCALE_SECONDS", "30"))
+
+
 @kopf.on.startup()
 def start_resync(memo: kopf.Memo, **_) -> None:
+    from .autoscaler import Autoscaler, prometheus_signals, run_forever
+
     stop = threading.Event()
     memo["resync_stop"] = stop
-    threading.Thread(target=resync_forever, args=(STATE.get("namespaces", []), stop), name="resync", daemon=True).start()
+    namespaces = STATE.get("namespaces", [])
+    threading.Thread(target=resync_forever, args=(namespaces, stop), name="resync", daemon=True).start()
+    autoscaler = Autoscaler(kube(), STATE.get("signals") or prometheus_signals(), post_event)
+    threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_SECONDS),
+                     name="autoscaler", daemon=True).start()
 
 
 @kopf.on.cleanup()

@@ -12,13 +12,15 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
+from ..api.constants import GROUP, KIND, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
 
 FIELD_MANAGER = "pd-operator"
 # The single writer of the pools' replicas (spec, initial size, autoscaler).
 # A separate manager, so the main apply can leave replicas out without
 # releasing them to the StatefulSet default.
 REPLICAS_MANAGER = "pd-operator-replicas"
+# The autoscaler's status fields (its conditions, metrics, scale reasons).
+AUTOSCALER_MANAGER = "pd-operator-autoscaler"
 
 # kind -> (apiVersion, plural)
 KINDS: dict[str, tuple[str, str]] = {
@@ -137,13 +139,18 @@ class Kube:
         out = self._call("GET", path)
         return out.get("items", []) if out else []
 
-    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict, manager: str = FIELD_MANAGER) -> None:
+        """Server-side apply of the status fields this writer owns (conditions
+        merge by type with the other writer's)."""
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
         try:
             self._call(
                 "PATCH",
                 f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
-                body={"status": status},
-                content_type="application/merge-patch+json",
+                body=body,
+                query=[("fieldManager", manager), ("force", "true")],
+                content_type="application/apply-patch+yaml",
             )
         except ApiException as err:
             if err.status != 404:  # deleted while we reconciled: nothing to report on

@@ -43,7 +43,12 @@ def condition(type_: str, ok: bool | None, reason: str, message: str, generation
 
 
 def merge_conditions(previous: list[dict], current: list[dict], now: str) -> list[dict]:
-    """Keep lastTransitionTime when a condition's status did not change."""
+    """Keep lastTransitionTime when a condition's status did not change.
+
+    Only the writer's own conditions come out: status is server-side applied
+    (conditions are a map keyed by type), so the reconciler's and the
+    autoscaler's conditions live side by side without either copying the other's.
+    """
     before = {c.get("type"): c for c in previous or []}
     out = []
     for cond in current:
@@ -177,8 +182,8 @@ def compute_status(svc: PDInferenceService | None, obs: Observed, generation: in
             condition("Degraded", True, "InvalidSpec", problems, gen),
             condition("Progressing", False, "InvalidSpec", "nothing is applied until the spec is fixed", gen),
         ]
-        return {**{k: v for k, v in previous.items() if k != "conditions"},
-                "observedGeneration": gen, "conditions": merge_conditions(previous.get("conditions", []), conds, now)}
+        keep = {k: v for k, v in previous.items() if k in ("prefill", "decode", "prefillReady", "decodeReady", "servedModelName", "endpoint")}
+        return {**keep, "observedGeneration": gen, "conditions": merge_conditions(previous.get("conditions", []), conds, now)}
 
     conds = []
     unschedulable = False
@@ -224,6 +229,4 @@ def compute_status(svc: PDInferenceService | None, obs: Observed, generation: in
     status["conditions"] = merge_conditions(previous.get("conditions", []), conds, now)
     status["servedModelName"] = svc.spec.served_model_name()
     status["endpoint"] = endpoint(svc)
-    if previous.get("metrics"):
-        status["metrics"] = previous["metrics"]
     return status

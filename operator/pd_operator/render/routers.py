@@ -68,6 +68,10 @@ class RouterAdapter(ABC):
     def command(self) -> list[str]:
         return ["python3", "-m", self.module] + self.args()
 
+    def key_env_names(self) -> list[str]:
+        """Env vars that carry the engine key into the router."""
+        return [WORKER_KEY_ENV]
+
     def prefill_annotations(self) -> dict[str, str]:
         """Annotations the router reads from prefill pods (the bootstrap port)."""
         if self.uses_bootstrap():
@@ -115,6 +119,12 @@ class VLLMRouter(RouterAdapter):
 
     def pd_args(self) -> list[str]:
         return ["--vllm-pd-disaggregation", "--kv-connector", self.kv_connector()]
+
+    def key_env_names(self) -> list[str]:
+        # vllm-router 0.1.17 sends --api-key only on its /render calls; the PD
+        # prefill/decode requests carry "Authorization: Bearer $OPENAI_API_KEY"
+        # (seen on the wire by the e2e harness): give it the engine key too.
+        return [WORKER_KEY_ENV, "OPENAI_API_KEY"]
 
     def uses_bootstrap(self) -> bool:
         return self.spec.backend() == "mooncake"
@@ -175,7 +185,7 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
     name = child_name(svc, "router")
     env = []
     if spec.engine.api_key_secret_ref:
-        env.append(secret_env(WORKER_KEY_ENV, spec.engine.api_key_secret_ref))
+        env += [secret_env(n, spec.engine.api_key_secret_ref) for n in router.key_env_names()]
     container = {
         "name": "router",
         "image": spec.router.effective_image(spec.engine.kind),

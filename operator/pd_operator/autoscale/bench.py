@@ -1,0 +1,635 @@
+"""``pdctl autoscale-bench``: autoscaling quality on a reference trace, against baselines.
+
+Deterministic and accelerated (virtual time).  Every policy runs on the same
+trace (same arrivals, same lengths), the same simulated PD fleet
+(:mod:`.benchsim`: H200 cost model, TP 1, RDMA 50 GB/s + 1 ms), the same pod
+start delay (120 s), the same control interval (30 s) and sees the fleet as
+Prometheus would (15-s scrapes, quantiles of a 1-minute rate window).
+Method, definitions and results: tests/benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+
+from ..api.models import DecodeAutoscaling, PrefillAutoscaling
+from ..sim.costmodel import LINKS, CostModel
+from ..sim.engine import Engine, SimRequest
+from ..sim.clock import VirtualClock
+from .benchsim import ITL_SLO, TTFT_SLO, BenchFleet, Scraper
+from .capacity import decode_mean_context, decode_streams, prefill_tokens_per_s
+from .decide import Event, History, PoolClaim, PoolState, Signal, decide, share_budget
+from .trace import TRACES, Trace
+
+SCRAPE = 15.0
+INTERVAL = 30.0
+START_DELAY = 120.0
+MAX_PER_POOL = 32
+BUDGET = 48  # GPUs, for every policy that has a budget
+
+
+# --------------------------------------------------------------------------- policies
+class Policy:
+    name = "policy"
+    interval = INTERVAL
+
+    def initial(self) -> dict:
+        raise NotImplementedError
+
+    def tick(self, now: float, fleet: BenchFleet, prom: Scraper) -> dict | None:
+        return None
+
+
+class Static(Policy):
+    def __init__(self, name: str, p: int, d: int):
+        self.name, self.p, self.d = name, p, d
+
+    def initial(self) -> dict:
+        return {"prefill": self.p, "decode": self.d}
+
+
+class Scheduled(Policy):
+    """The oracle: replicas per minute known in advance; pods ordered ``START_DELAY`` early."""
+
+    name = "oracle"
+
+    def __init__(self, need: dict[str, list[int]], lead: float = START_DELAY + INTERVAL):
+        self.need, self.lead = need, lead
+
+    def at(self, role: str, t: float) -> int:
+        n = self.need[role]
+        return n[min(len(n) - 1, max(0, int(t // 60)))]
+
+    def initial(self) -> dict:
+        return {r: max(self.at(r, t) for t in range(0, int(self.lead) + 60, 30)) for r in self.need}
+
+    def tick(self, now, fleet, prom):
+        return {r: max(self.at(r, now + s) for s in range(0, int(self.lead) + 1, 15)) for r in self.need}
+
+
+class PdOperator(Policy):
+    """pd-operator's policy as shipped: decide() per pool with default settings, then share_budget."""
+
+    name = "pd-operator"
+
+    def __init__(self, init: dict, cap_prefill: float, cap_decode: float, decode_demand: str = "running",
+                 name: str = "pd-operator"):
+        self.init, self.name = init, name
+        self.decode_demand = decode_demand  # "running" (promql.demand_query) or "running+waiting"
+        self.cap = {"prefill": cap_prefill, "decode": cap_decode}
+        self.pol = {"prefill": PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=MAX_PER_POOL),
+                    "decode": DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=MAX_PER_POOL)}
+        # warm start: as if the autoscaler had been holding the initial sizes
+        self.hist = {r: History(recommendations=[Event(0.0, init[r])]) for r in ("prefill", "decode")}
+        self.last_reasons: dict = {}
+
+    def initial(self):
+        return dict(self.init)
+
+    def tick(self, now, fleet, prom):
+        last = prom.last
+        if last is None:
+            return None
+        claims, decisions = [], {}
+        for role, key in (("prefill", "ttft"), ("decode", "itl")):
+            obs = prom.quantile(key, 0.99)
+            if role == "prefill":
+                demand = prom.rate("prompt_tokens")
+            else:
+                demand = float(sum(last["running"]["decode"]))
+                if self.decode_demand == "running+waiting":
+                    demand += sum(last["waiting"]["decode"])
+            state = PoolState(replicas=fleet.replicas(role), ready=len(fleet.ready(role)), starting=fleet.starting(role))
+            sig = Signal(obs, last["t"] if obs is not None else None, demand, self.cap[role])
+            d = decide(self.pol[role], state, sig, self.hist[role], now, INTERVAL)
+            decisions[role] = d
+            target = 1.0 if role == "prefill" else 0.05
+            claims.append(PoolClaim(role, state.replicas, d.replicas, 1, (obs or 0.0) / target))
+        shared = share_budget(claims, BUDGET)
+        self.last_reasons = {r: decisions[r].reason for r in decisions}
+        return {r: shared[r][0] for r in shared}
+
+
+class HPA(Policy):
+    """Kubernetes HPA v2 on vllm:num_requests_waiting (Pods metric, average target 5), per pool.
+
+    replica_calculator (custom metric, plain): pods with metrics = Ready pods
+    (starting pods serve no /metrics yet: "missing"); usageRatio = mean / target;
+    with no missing pods: within tolerance -> current, else ceil(ratio * ready);
+    with missing pods: they count as 0 (ratio > 1) or as the target (ratio < 1),
+    the ratio is recomputed, and a change of direction or a result inside the
+    tolerance keeps the current size.  Then the behaviour: stabilization
+    (up 0 s: min of recommendations in window; down 300 s: max), rate limits
+    (up: max(100 %, 4 pods) per 15 s; down: 100 % per 15 s), min/max."""
+
+    name = "hpa"
+
+    def __init__(self, init: dict, target: float = 5.0, tolerance: float = 0.1):
+        self.init, self.target, self.tol = init, target, tolerance
+        self.recs = {r: [(0.0, init[r])] for r in ("prefill", "decode")}  # (t, replicas); warm start
+        self.changes = {"prefill": [], "decode": []}   # (t, before, after)
+
+    def initial(self):
+        return dict(self.init)
+
+    def _calc(self, current: int, values: list[float], missing: int) -> int:
+        if not values:
+            return current
+        ready = len(values)
+        ratio = sum(values) / ready / self.target
+        if missing == 0:
+            if abs(1 - ratio) <= self.tol:
+                return current
+            return math.ceil(ratio * ready)
+        fill = self.target if ratio < 1 else 0.0
+        vals = values + [fill] * missing
+        new_ratio = sum(vals) / len(vals) / self.target
+        if abs(1 - new_ratio) <= self.tol or (ratio < 1 < new_ratio) or (ratio > 1 > new_ratio):
+            return current
+        n = math.ceil(new_ratio * len(vals))
+        if (new_ratio < 1 and n > current) or (new_ratio > 1 and n < current):
+            return current
+        return n
+
+    def tick(self, now, fleet, prom):
+        last = prom.last
+        if last is None:
+            return None
+        out = {}
+        for role in ("prefill", "decode"):
+            current = fleet.replicas(role)
+            vals = [float(v) for v in last["waiting"][role]]
+            rec = max(1, min(MAX_PER_POOL, self._calc(current, vals, fleet.starting(role))))
+            recs = self.recs[role]
+            recs.append((now, rec))
+            recs[:] = [x for x in recs if now - x[0] <= 300]
+            up = min(r for t, r in recs if now - t <= 0)
+            down = max(r for t, r in recs if now - t <= 300)
+            desired = current
+            if current < up:
+                desired = up
+            elif current > down:
+                desired = down
+            ch = [c for c in self.changes[role] if now - c[0] < 15]
+            if desired > current:
+                start = current - sum(max(0, a - b) for _, b, a in ch)
+                desired = min(desired, max(start * 2, start + 4))
+            elif desired < current:
+                start = current + sum(max(0, b - a) for _, b, a in ch)
+                desired = max(desired, 0)
+            desired = max(1, min(MAX_PER_POOL, desired))
+            if desired != current:
+                self.changes[role].append((now, current, desired))
+                self.changes[role][:] = [c for c in self.changes[role] if now - c[0] < 60]
+            out[role] = desired
+        return out
+
+
+def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: int = 256):
+    """Profile the simulated engine as Dynamo's profiler does a real one.
+
+    prefill: one request of ISL tokens on an idle prefill instance -> TTFT;
+    throughput/GPU = ISL / TTFT.  decode: B requests of context ctx on a decode
+    instance -> ITL; the largest B (<= max_num_seqs) with ITL <= target gives
+    throughput/GPU = B / ITL.  Both measured on :class:`~pd_operator.sim.engine.Engine`."""
+    def ttft(isl: int) -> float:
+        clk = VirtualClock()
+        e = Engine(clk, cost, "prefill")
+        r = e.add(SimRequest(isl, 1, prefill_only=True))
+        clk.run()
+        return r.ttft
+
+    def itl(b: int, ctx: int) -> float:
+        clk = VirtualClock()
+        e = Engine(clk, cost, "decode", max_num_seqs=max(b, 1), link=LINKS["rdma"])
+        rs = [e.add(SimRequest(ctx, 3, kv_transfer=True)) for _ in range(b)]
+        clk.run()
+        return sum(sum(r.itls) / len(r.itls) for r in rs) / b
+
+    isls = [256, 512, 1024, 2048, 4096, 8192]
+    pre = [(i, i / ttft(i)) for i in isls]
+    ctxs = [500, 1000, 2000, 3000, 4000, 6000, 8000]
+    dec = []
+    for c in ctxs:
+        lo, hi = 1, max_num_seqs
+        if itl(hi, c) <= itl_target:
+            lo = hi
+        else:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if itl(mid, c) <= itl_target:
+                    lo = mid
+                else:
+                    hi = mid
+        dec.append((c, lo / itl(lo, c)))
+    return pre, dec, {i: ttft(i) for i in isls}
+
+
+def _interp(table, x):
+    if x <= table[0][0]:
+        return table[0][1]
+    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return table[-1][1]
+
+
+class Dynamo(Policy):
+    """Dynamo-style SLA planner (throughput-based), every 180 s, constant (last-value) predictor:
+    prefill = ceil(req*ISL/interval * min(1, ttft_obs/ttft_expected) / prefill_thpt_per_gpu(ISL)),
+    decode  = ceil(req*OSL/interval / decode_thpt_per_gpu(ctx = ISL + OSL/2) at the ITL target),
+    min 1, scaled down proportionally to the GPU budget."""
+
+    name = "dynamo"
+    interval = 180.0
+
+    def __init__(self, init: dict, profile):
+        self.init = init
+        self.pre, self.dec, self.ttft_exp = profile
+        self.prev = None
+
+    def initial(self):
+        return dict(self.init)
+
+    def tick(self, now, fleet, prom):
+        last = prom.last
+        if last is None:
+            return None
+        prev, self.prev = self.prev, last
+        if prev is None:
+            return None
+        dt = last["t"] - prev["t"]
+        req = last["arrived"] - prev["arrived"]
+        if req <= 0 or dt <= 0:
+            return None
+        isl = (last["arrived_prompt"] - prev["arrived_prompt"]) / req
+        osl = (last["arrived_output"] - prev["arrived_output"]) / req
+        n_t = last["ttft_count"] - prev["ttft_count"]
+        ttft_obs = (last["ttft_sum"] - prev["ttft_sum"]) / n_t if n_t > 0 else 0.0
+        ttft_exp = _interp(sorted(self.ttft_exp.items()), isl)
+        corr = min(1.0, ttft_obs / ttft_exp) if ttft_exp > 0 else 1.0
+        # predictor: constant (next interval = last interval)
+        p = math.ceil(req * isl / dt * corr / _interp(self.pre, isl))
+        d = math.ceil(req * osl / dt / _interp(self.dec, isl + osl / 2))
+        p, d = max(1, p), max(1, d)
+        if p + d > BUDGET:
+            s = BUDGET / (p + d)
+            p, d = max(1, int(p * s)), max(1, int(d * s))
+        return {"prefill": p, "decode": d}
+
+
+# --------------------------------------------------------------------------- runner
+@dataclass
+class Result:
+    name: str
+    goodput: float
+    ttft_p99: float
+    itl_p99: float
+    itl_req_p99: float
+    gpu_hours: float
+    goodput_per_gpu_hour: float
+    actions: int
+    requests: int
+    timeline: dict
+    per_min: dict
+    wall_s: float
+    ratio: float = float("nan")
+
+
+def run_policy(trace: Trace, policy: Policy, cost: CostModel | None = None, keep_samples: bool = False,
+               progress=None) -> Result:
+    t_wall = time.time()
+    fleet = BenchFleet(cost=cost, start_delay=START_DELAY, keep_samples=keep_samples)
+    init = policy.initial()
+    for role, n in init.items():
+        fleet.scale_to(role, n, ready_now=True)
+    fleet.actions = {"prefill": 0, "decode": 0}
+    prom = Scraper()
+    clock = fleet.clock
+    end = trace.duration
+    timeline = {"t": [], "prefill": [], "decode": [], "rate": []}
+    nxt_scrape, nxt_tick = 0.0, policy.interval
+    arr = trace.arrivals()
+    pending = next(arr, None)
+    horizon = 0.0
+    while True:
+        horizon = min(nxt_scrape, nxt_tick)
+        if horizon > end:
+            break
+        # feed arrivals up to the horizon, then run the clock to it
+        while pending is not None and pending[0] <= horizon:
+            clock.call_at(pending[0], fleet.submit, pending[1], pending[2])
+            pending = next(arr, None)
+        clock.run(until=horizon)
+        if horizon == nxt_scrape:
+            prom.add(fleet.scrape())
+            fleet.account()
+            timeline["t"].append(horizon)
+            timeline["prefill"].append(fleet.replicas("prefill"))
+            timeline["decode"].append(fleet.replicas("decode"))
+            timeline["rate"].append(trace.rate(horizon))
+            nxt_scrape += SCRAPE
+        if horizon == nxt_tick:
+            want = policy.tick(horizon, fleet, prom)
+            if want:
+                for role, n in want.items():
+                    fleet.scale_to(role, max(1, int(n)))
+            nxt_tick += policy.interval
+            if progress and int(horizon) % 3600 == 0:
+                progress(policy.name, horizon)
+    # the trace ends: let in-flight requests finish at the last sizes (no new arrivals)
+    clock.run()
+    fleet.finish()
+    st = fleet.stats
+    n = st.n
+    gpu_h = fleet.gpu_seconds / 3600
+    good = st.good / n if n else float("nan")
+    return Result(policy.name, good, st.ttft.quantile(0.99), st.itl_tok.quantile(0.99), st.itl_req.quantile(0.99),
+                  gpu_h, (st.good / gpu_h) if gpu_h else float("nan"), sum(fleet.actions.values()), n,
+                  timeline, {k: v for k, v in sorted(st.per_min.items())}, time.time() - t_wall)
+
+
+# --------------------------------------------------------------------------- oracle
+def future_load(trace: Trace, itl_est: float = 0.035) -> tuple[list[float], list[float]]:
+    """Per minute: prompt tokens/s arriving, and the peak decode streams (known in advance)."""
+    mins = int(math.ceil(trace.duration / 60)) + 1
+    tok = [0.0] * mins
+    secs = int(trace.duration) + 4200
+    diff = [0] * (secs + 1)
+    for t, isl, osl in trace.arrivals():
+        tok[int(t // 60)] += isl / 60
+        s, e = int(t), int(t + osl * itl_est) + 1
+        diff[s] += 1
+        diff[min(e, secs)] -= 1
+    streams = [0.0] * mins
+    cur = 0
+    for s in range(secs):
+        cur += diff[s]
+        m = s // 60
+        if m < mins and cur > streams[m]:
+            streams[m] = cur
+    return tok, streams
+
+
+def oracle_need(trace: Trace, cost: CostModel, u_p: float, u_d: float, load=None) -> dict:
+    tok, streams = load or future_load(trace)
+    cp = prefill_tokens_per_s(cost, trace.isl.mean, utilization=u_p)
+    cd = decode_streams(cost, decode_mean_context(trace.isl.mean, trace.osl.mean, trace.osl.spread), utilization=u_d)
+    p = [max(1, math.ceil(x / cp)) for x in tok]
+    d = [max(1, math.ceil(x / cd)) for x in streams]
+    # a minute's size must also cover the next minute's first seconds
+    p = [max(p[i], p[i + 1] if i + 1 < len(p) else 0) for i in range(len(p))]
+    d = [max(d[i], d[i + 1] if i + 1 < len(d) else 0) for i in range(len(d))]
+    return {"prefill": p, "decode": d}
+
+
+def search_window(trace: Trace, hours: float = 3.5) -> Trace:
+    """The busiest ``hours`` of the trace (from 1 h before its peak), where the search is done."""
+    if trace.hours <= hours:
+        return trace
+    step = 60.0
+    n = int(trace.duration / step)
+    t_peak = max(range(n), key=lambda i: (trace.rate(i * step), -i)) * step
+    t0 = max(0.0, min(t_peak - 3600 / trace.speed, trace.duration - hours * 3600 / trace.speed))
+    return replace(trace, start_h=trace.hour_at(t0), hours=hours)
+
+
+U_DECODE = (1.4, 1.3, 1.2, 1.1, 1.0, 0.9, 0.8, 0.7)
+U_PREFILL = (1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
+
+
+def find_oracle(trace: Trace, cost: CostModel, goal: float = 0.99, log=print) -> tuple[Result, dict, list]:
+    """Clairvoyant schedule, found by search with the simulator (tests/benchmarks/README.md).
+
+    The oracle knows every future arrival: per minute, the prompt tokens/s and the
+    peak number of concurrent decode streams.  Its replicas for a minute are
+    ``ceil(load / (u x per-replica capacity))`` (max with the next minute), pods
+    ordered ``START_DELAY + INTERVAL`` ahead so they are Ready in time (and paid
+    for from the order).  The two utilizations ``(u_prefill, u_decode)`` are
+    searched by bisection on the busiest 3.5 h of the trace -- the highest
+    (cheapest) that keeps goodput >= ``goal`` overall and >= goal - 0.05 in
+    every minute with 20+ requests -- decode first (prefill generous), then
+    prefill; then the schedule is run on the whole trace (stepping both
+    down if it fails there)."""
+    tried = []
+
+    def attempt(tr, up, ud):
+        need = oracle_need(tr, cost, up, ud)
+        r = run_policy(tr, Scheduled(need), cost)
+        tried.append({"window": [tr.start_h, tr.hours], "u_prefill": up, "u_decode": ud, "goodput": r.goodput,
+                      "gpu_hours": r.gpu_hours, "ok": ok(r)})
+        log(f"  oracle search {tr.start_h:.2f}h+{tr.hours:g}h u_p={up:.2f} u_d={ud:.2f}: goodput {r.goodput:.4f}, "
+            f"{r.gpu_hours:.1f} GPU-h, {'ok' if ok(r) else 'fails'} ({r.wall_s:.0f}s)")
+        return r, need
+
+    def ok(r):
+        worst = min((g / n for n, g in r.per_min.values() if n >= 20), default=1.0)
+        return r.goodput >= goal and worst >= goal - 0.05
+
+    def bisect(grid, run):
+        """Index of the first grid value (highest u) that passes; grid sorted high -> low."""
+        lo, hi = 0, len(grid) - 1   # answer in [lo, hi]; hi assumed to pass
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if run(grid[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return grid[lo]
+
+    win = search_window(trace)
+    ud = bisect(U_DECODE, lambda u: ok(attempt(win, U_PREFILL[-1], u)[0]))
+    up = bisect(U_PREFILL, lambda u: ok(attempt(win, u, ud)[0]))
+    for k in range(4):
+        r, need = attempt(trace, up, ud)
+        if ok(r) or win is trace:
+            break
+        up, ud = max(0.5, up - 0.05), max(0.5, ud - 0.1)
+    return r, need, tried
+
+
+# --------------------------------------------------------------------------- report
+COLUMNS = ("goodput", "ttft_p99", "itl_p99", "gpu_hours", "goodput_per_gpu_hour", "actions", "ratio")
+
+
+def table_md(results: list[Result]) -> str:
+    lines = ["| policy | goodput | TTFT p99 (s) | ITL p99 (ms, per token) | mean-ITL p99 (ms, per request) | GPU-hours | "
+             "good requests per GPU-hour | scaling actions | GPU-hours / oracle |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.name} | {r.goodput:.4f} | {r.ttft_p99:.3f} | {r.itl_p99 * 1e3:.1f} | {r.itl_req_p99 * 1e3:.1f} | "
+                     f"{r.gpu_hours:.1f} | {r.goodput_per_gpu_hour:.0f} | {r.actions} | {r.ratio:.3f} |")
+    return "\n".join(lines)
+
+
+def write_png(path: str, trace: Trace, results: list[Result]) -> None:
+    from ..bench.plot import BLACK, GREY, Canvas
+
+    colors = {"oracle": (0, 0, 0), "pd-operator": (31, 119, 180), "hpa": (214, 39, 40), "dynamo": (44, 160, 44),
+              "static-peak": (148, 103, 189), "static-mean": (255, 127, 14)}
+    W, left, right = 1200, 70, 1180
+    panels = [("REQUEST RATE (REQ/S)", 120), ("PREFILL REPLICAS", 140), ("DECODE REPLICAS", 140),
+              ("SLO ATTAINMENT PER MINUTE (0.8-1)", 160)]
+    H = 60 + sum(h + 60 for _, h in panels) + 40
+    cv = Canvas(W, H)
+    t_max = trace.duration
+
+    def X(t):
+        return left + int(t / t_max * (right - left))
+
+    def axes(top, h, title, y_lo, y_hi):
+        cv.text(left, top - 18, title)
+        cv.vline(left, top, top + h, BLACK)
+        cv.hline(left, right, top + h, BLACK)
+        for k in range(5):
+            v = y_lo + (y_hi - y_lo) * k / 4
+            y = top + h - int((v - y_lo) / (y_hi - y_lo) * h)
+            cv.hline(left + 1, right, y, GREY, dash=4)
+            cv.text(5, y - 5, f"{v:.0f}" if y_hi - y_lo >= 4 else f"{v:.2f}")
+        hours = trace.hours
+        step = 2 if hours > 6 else (0.5 if hours > 1 else 0.25)
+        k = 0.0
+        while k <= hours + 1e-9:
+            x = X(k * 3600 / trace.speed)
+            cv.vline(x, top + h, top + h + 4, BLACK)
+            h_of_day = (trace.start_h + k) % 24
+            cv.text(x - 12, top + h + 8, f"{int(h_of_day):02d}:{int(round((h_of_day % 1) * 60)) % 60:02d}")
+            k += step
+
+    def line(top, h, y_lo, y_hi, pts, c, off=0):
+        prev = None
+        for t, v in pts:
+            x = X(t)
+            y = top + h - int((min(max(v, y_lo), y_hi) - y_lo) / (y_hi - y_lo) * h) + off
+            if prev:
+                px, py = prev
+                cv.hline(min(px, x), max(px, x), py, c)
+                cv.vline(x, min(py, y), max(py, y), c)
+            prev = (x, y)
+
+    top = 60
+    cv.text(left, 10, f"AUTOSCALING BENCHMARK: {trace.hours:g} H FROM {trace.start_h:g}H - SPEED {trace.speed:g}")
+    x = left
+    for r in results:
+        c = colors.get(r.name, BLACK)
+        cv.rect(x, 30, x + 10, 38, c)
+        cv.text(x + 14, 30, r.name)
+        x += 40 + 8 * len(r.name)
+    # rate
+    tl = results[0].timeline
+    rmax = max(tl["rate"] + [1]) * 1.1
+    h = panels[0][1]
+    axes(top, h, panels[0][0], 0, rmax)
+    line(top, h, 0, rmax, list(zip(tl["t"], tl["rate"])), (0, 0, 0))
+    top += h + 60
+    for key, (title, h) in zip(("prefill", "decode"), panels[1:3]):
+        ymax = max(max(r.timeline[key]) for r in results) + 1
+        axes(top, h, title, 0, ymax)
+        for i, r in enumerate(results):
+            line(top, h, 0, ymax, list(zip(r.timeline["t"], r.timeline[key])), colors.get(r.name, BLACK), off=i % 3 - 1)
+        top += h + 60
+    title, h = panels[3]
+    axes(top, h, title, 0.8, 1.0)
+    for r in results:
+        pts = [((m + 0.5) * 60, g / n) for m, (n, g) in r.per_min.items() if n]
+        line(top, h, 0.8, 1.0, pts, colors.get(r.name, BLACK))
+    with open(path, "wb") as fh:
+        fh.write(cv.png())
+
+
+def run_all(trace: Trace, out: str | None = None, policies: list[str] | None = None, goal: float = 0.99,
+            log=print, jobs: int = 1) -> list[Result]:
+    cost = CostModel()
+    t0 = time.time()
+    log(f"trace: {trace.hours:g} h from {trace.start_h:g}:00, speed {trace.speed:g}, rate x{trace.rate_scale:g}, "
+        f"seed {trace.seed}")
+    oracle, need, tried = find_oracle(trace, cost, goal, log)
+    oracle.name = "oracle"
+    peak = {r: max(need[r]) for r in need}
+    mean = {r: max(1, round(sum(need[r]) / len(need[r]))) for r in need}
+    init = {r: need[r][0] for r in need}
+    isl, osl = trace.isl.mean, trace.osl.mean
+    cap_p = prefill_tokens_per_s(cost, isl)
+    cap_d = decode_streams(cost, decode_mean_context(isl, osl, trace.osl.spread))
+    prof = dynamo_profile(cost)
+    pols = {
+        "pd-operator": lambda: PdOperator(init, cap_p, cap_d),
+        "static-peak": lambda: Static("static-peak", peak["prefill"], peak["decode"]),
+        "static-mean": lambda: Static("static-mean", mean["prefill"], mean["decode"]),
+        "hpa": lambda: HPA(init),
+        "dynamo": lambda: Dynamo(init, prof),
+    }
+    names = policies or list(pols)
+    results = [oracle]
+    for name in names:
+        r = run_policy(trace, pols[name]())
+        log(f"  {name}: goodput {r.goodput:.4f}, {r.gpu_hours:.1f} GPU-h ({r.wall_s:.0f}s)")
+        results.append(r)
+    for r in results:
+        r.ratio = r.gpu_hours / oracle.gpu_hours if oracle.gpu_hours else float("nan")
+    md = table_md(results)
+    log(md)
+    log(f"total {time.time() - t0:.0f}s")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        meta = {
+            "trace": {"knots": trace.knots, "surges": [s.__dict__ for s in trace.surges], "isl": trace.isl.__dict__,
+                      "osl": trace.osl.__dict__, "seed": trace.seed, "start_h": trace.start_h, "hours": trace.hours,
+                      "speed": trace.speed, "rate_scale": trace.rate_scale},
+            "service": {"model": "Qwen3-8B shape, fused efficiency", "tp": 1, "link": "rdma 50 GB/s + 1 ms",
+                        "start_delay_s": START_DELAY, "interval_s": INTERVAL, "scrape_s": SCRAPE, "window_s": 60,
+                        "slo": {"ttft_s": TTFT_SLO, "mean_itl_s": ITL_SLO}, "max_per_pool": MAX_PER_POOL,
+                        "gpu_budget": BUDGET},
+            "pd_operator_capacity": {"prefill_tokens_per_s": cap_p, "decode_streams": cap_d},
+            "oracle": {"goal": goal, "search": tried, "peak": peak, "mean": mean},
+            "dynamo_profile": {"prefill_tokens_per_s_per_gpu": prof[0], "decode_tokens_per_s_per_gpu": prof[1]},
+            "results": [{k: getattr(r, k) for k in ("name", "goodput", "ttft_p99", "itl_p99", "itl_req_p99", "gpu_hours",
+                                                     "goodput_per_gpu_hour", "actions", "requests", "ratio", "wall_s")}
+                        for r in results],
+            "timeline": {r.name: {"t": r.timeline["t"][::4], "prefill": r.timeline["prefill"][::4],
+                                  "decode": r.timeline["decode"][::4]} for r in results},
+            "slo_per_minute": {r.name: {str(m): [n, g] for m, (n, g) in r.per_min.items()} for r in results},
+        }
+        tag = "autoscale-bench"
+        with open(os.path.join(out, tag + ".json"), "w") as fh:
+            json.dump(meta, fh, indent=1, default=float)
+        with open(os.path.join(out, tag + ".md"), "w") as fh:
+            fh.write(f"# Autoscaling benchmark ({trace.hours:g} h from {trace.start_h:g}:00, speed {trace.speed:g}, "
+                     f"rates x{trace.rate_scale:g}, seed {trace.seed})\n\n{md}\n")
+        write_png(os.path.join(out, tag + ".png"), trace, results)
+    return results
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("autoscale-bench", help="autoscaling quality on a reference trace vs baselines (simulated, virtual time)")
+    p.add_argument("--trace", default="reference", choices=sorted(TRACES))
+    p.add_argument("--out", help="write autoscale-bench.json/.md/.png here (e.g. tests/benchmarks/results/)")
+    p.add_argument("--hours", type=float, help="simulate this many hours of the day (default: 24)")
+    p.add_argument("--start-hour", type=float, help="hour of day the run starts at (default 0)")
+    p.add_argument("--speed", type=float, default=1.0, help="compress the day's shape by this factor (delays unchanged)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every rate (a quick smoke run)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--policies", help="comma-separated subset of pd-operator,static-peak,static-mean,hpa,dynamo")
+    p.add_argument("--goal", type=float, default=0.99, help="oracle goodput goal (default 0.99)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    tr = TRACES[args.trace]
+    kw = {"speed": args.speed, "rate_scale": args.rate_scale}
+    if args.hours is not None:
+        kw["hours"] = args.hours
+    if args.start_hour is not None:
+        kw["start_h"] = args.start_hour
+    if args.seed is not None:
+        kw["seed"] = args.seed
+    tr = replace(tr, **kw)
+    run_all(tr, args.out, args.policies.split(",") if args.policies else None, args.goal,
+            log=lambda s: print(s, flush=True))
+    return 0

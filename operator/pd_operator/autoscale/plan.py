@@ -1,0 +1,70 @@
+"""One autoscaling round for one service: both pools' decisions within the
+GPU budget. Pure: the caller brings state, observations, histories and time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..api.models import PDInferenceService, duration_seconds
+from .decide import Decision, History, PoolClaim, PoolState, Signal, decide, share_budget
+from .promql import Observation
+
+ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class PoolInput:
+    state: PoolState
+    observation: Observation | None
+    observed_at: float | None
+    capacity: float | None = None  # one replica's capacity at the target (model floor); None: feedback only
+
+
+def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], histories: dict[str, History], now: float) -> dict[str, Decision]:
+    """Decisions for the pools whose autoscaling is enabled."""
+    spec = svc.spec
+    interval = duration_seconds(spec.autoscaling.interval)
+    decisions: dict[str, Decision] = {}
+    claims = []
+    for role in ROLES:
+        pool = spec.prefill if role == "prefill" else spec.decode
+        if not pool.autoscaling.enabled or role not in inputs:
+            continue
+        inp = inputs[role]
+        obs = inp.observation
+        signal = Signal(
+            observed=obs.observed if obs else None,
+            observed_at=inp.observed_at if obs and obs.observed is not None else None,
+            demand=obs.demand if obs else None,
+            capacity=inp.capacity,
+        )
+        d = decide(pool.autoscaling, inp.state, signal, histories.setdefault(role, History()), now, interval)
+        decisions[role] = d
+        target = duration_seconds(pool.autoscaling.target.value)
+        pressure = (signal.observed / target) if signal.observed is not None else 0.0
+        claims.append(PoolClaim(role, inp.state.replicas, d.replicas, pool.gpus_per_replica(), pressure))
+    budget = spec.autoscaling.max_total_gpus
+    if budget is not None and claims:
+        # pools that do not autoscale still use their GPUs
+        fixed = sum((spec.prefill if r == "prefill" else spec.decode).gpus_per_replica() * inputs[r].state.replicas
+                    for r in ROLES if r in inputs and r not in decisions)
+        shared = share_budget(claims, budget, reserved=fixed)
+        for role, (replicas, cut) in shared.items():
+            if cut:
+                d = decisions[role]
+                current = inputs[role].state.replicas
+                body = d.reason.split(": ", 1)[1] if d.reason.startswith(f"{current} -> ") else d.reason
+                prefix = f"{current} -> {replicas}: " if replicas != current else ""
+                decisions[role] = Decision(replicas, f"{prefix}{body}; {cut}", d.metrics_available, d.recommendation)
+                _amend_last_change(histories[role], now, inputs[role].state.replicas, replicas)
+    return decisions
+
+
+def _amend_last_change(history: History, now: float, before: int, after: int) -> None:
+    """The budget cut a change decide() recorded: remember what really happened."""
+    from .decide import Change
+
+    if history.changes and history.changes[-1].at == now:
+        history.changes.pop()
+    if after != before:
+        history.changes.append(Change(now, before, after))
