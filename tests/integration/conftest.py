@@ -63,21 +63,27 @@ def _reachable(kubeconfig: str) -> bool:
         return False
 
 
+# The tests get a local cluster of their own, apart from the main job's
+# (e2e/run.sh, cluster "pd-local"): what a user left running there, say the
+# example service holding 16 GPUs, must not change what the tests can schedule.
+TEST_CLUSTER = os.environ.get("PD_TEST_CLUSTER", "pd-test")
+
+
 @pytest.fixture(scope="session")
 def kube_cluster():
     external = os.environ.get("KUBECONFIG")
-    if external and _reachable(external):
-        local_kc = str(load_local_cluster_module().kubeconfig_path())
-        yield Cluster(kubeconfig=external, local=os.path.abspath(external) == local_kc)
-        return
     mod = load_local_cluster_module()
-    was_running = mod.is_running()
-    kc = str(mod.up())
+    if external and _reachable(external):
+        local = os.path.abspath(external) in (str(mod.kubeconfig_path()), str(mod.kubeconfig_path(TEST_CLUSTER)))
+        yield Cluster(kubeconfig=external, local=local)
+        return
+    was_running = mod.is_running(TEST_CLUSTER)
+    kc = str(mod.up(TEST_CLUSTER))
     try:
         yield Cluster(kubeconfig=kc, local=True)
     finally:
         if not was_running and not os.environ.get("PD_KEEP_CLUSTER"):
-            mod.down()
+            mod.down(TEST_CLUSTER)
 
 
 @pytest.fixture(scope="session")
