@@ -123,3 +123,10 @@ def test_budget_never_shrinks_below_current_and_allows_downs():
     out = share_budget(claims, max_total_gpus=10)
     assert out["prefill"] == (3, None) and out["decode"][0] == 7
     assert share_budget(claims, None) == {"prefill": (3, None), "decode": (9, None)}
+
+
+def test_demand_floor_applies_inside_the_tolerance_band():
+    # ITL read at a bucket edge inside the band, but the demand needs 5 replicas
+    d = decide(DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=8), PoolState(replicas=3, ready=3),
+               sig(0.0497, demand=30000, capacity=6120), History(), now=1000.0)
+    assert d.recommendation == 5 and d.replicas == 5

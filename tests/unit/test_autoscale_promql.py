@@ -16,7 +16,7 @@ def test_one_query_per_signal_grouped_by_service():
     dq, _ = latency_queries("sglang", "decode", 0.95, window="2m")
     assert "sglang:inter_token_latency_seconds_bucket" in dq.promql and "[2m]" in dq.promql and "0.95" in dq.promql
     assert "vllm:prompt_tokens_total" in demand_query("vllm", "prefill").promql
-    assert "sglang:num_running_reqs" in demand_query("sglang", "decode").promql
+    assert "rate(sglang:generation_tokens_total" in demand_query("sglang", "decode").promql
 
 
 def test_results_by_service_idle_and_missing():

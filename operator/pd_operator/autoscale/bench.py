@@ -23,7 +23,7 @@ from ..sim.costmodel import LINKS, CostModel
 from ..sim.engine import Engine, SimRequest
 from ..sim.clock import VirtualClock
 from .benchsim import ITL_SLO, TTFT_SLO, BenchFleet, Scraper
-from .capacity import decode_mean_context, decode_streams, prefill_tokens_per_s
+from .capacity import decode_mean_context, decode_streams, decode_tokens_per_s, prefill_tokens_per_s
 from .decide import Event, History, PoolClaim, PoolState, Signal, decide, share_budget
 from .trace import TRACES, Trace
 
@@ -81,7 +81,7 @@ class PdOperator(Policy):
     def __init__(self, init: dict, cap_prefill: float, cap_decode: float, decode_demand: str = "running",
                  name: str = "pd-operator"):
         self.init, self.name = init, name
-        self.decode_demand = decode_demand  # "running" (promql.demand_query) or "running+waiting"
+        self.decode_demand = decode_demand  # "running" (promql.demand_query), "running+waiting" or "tokens"
         self.cap = {"prefill": cap_prefill, "decode": cap_decode}
         self.pol = {"prefill": PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=MAX_PER_POOL),
                     "decode": DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=MAX_PER_POOL)}
@@ -105,6 +105,8 @@ class PdOperator(Policy):
                 demand = float(sum(last["running"]["decode"]))
                 if self.decode_demand == "running+waiting":
                     demand += sum(last["waiting"]["decode"])
+                elif self.decode_demand == "tokens":  # rate(generation_tokens_total[1m]), capacity in tokens/s
+                    demand = prom.rate("gen_tokens")
             state = PoolState(replicas=fleet.replicas(role), ready=len(fleet.ready(role)), starting=fleet.starting(role))
             sig = Signal(obs, last["t"] if obs is not None else None, demand, self.cap[role])
             d = decide(self.pol[role], state, sig, self.hist[role], now, INTERVAL)
@@ -448,7 +450,7 @@ def find_oracle(trace: Trace, cost: CostModel, goal: float = 0.99, log=print) ->
     up = bisect(U_PREFILL, lambda u: ok(attempt(win, u, ud)[0]))
     for k in range(4):
         r, need = attempt(trace, up, ud)
-        if ok(r) or win is trace:
+        if r.goodput >= goal or win is trace:  # the whole trace: overall goal (the per-minute one was the window's)
             break
         up, ud = max(0.5, up - 0.05), max(0.5, ud - 0.1)
     return r, need, tried
@@ -473,6 +475,10 @@ def write_png(path: str, trace: Trace, results: list[Result]) -> None:
 
     colors = {"oracle": (0, 0, 0), "pd-operator": (31, 119, 180), "hpa": (214, 39, 40), "dynamo": (44, 160, 44),
               "static-peak": (148, 103, 189), "static-mean": (255, 127, 14)}
+    extra = [(23, 190, 207), (140, 86, 75), (227, 119, 194), (127, 127, 127)]
+    for r in results:
+        if r.name not in colors:
+            colors[r.name] = extra[len([n for n in colors if n not in ("oracle", "pd-operator", "hpa", "dynamo", "static-peak", "static-mean")]) % len(extra)]
     W, left, right = 1200, 70, 1180
     panels = [("REQUEST RATE (REQ/S)", 120), ("PREFILL REPLICAS", 140), ("DECODE REPLICAS", 140),
               ("SLO ATTAINMENT PER MINUTE (0.8-1)", 160)]
@@ -521,15 +527,16 @@ def write_png(path: str, trace: Trace, results: list[Result]) -> None:
         cv.rect(x, 30, x + 10, 38, c)
         cv.text(x + 14, 30, r.name)
         x += 40 + 8 * len(r.name)
-    # rate
-    tl = results[0].timeline
-    rmax = max(tl["rate"] + [1]) * 1.1
+    # rate (from the trace's definition, every minute)
+    ts = [i * 60.0 for i in range(int(t_max // 60) + 1)]
+    rates = [trace.rate(t) for t in ts]
+    rmax = max(rates + [1]) * 1.1
     h = panels[0][1]
     axes(top, h, panels[0][0], 0, rmax)
-    line(top, h, 0, rmax, list(zip(tl["t"], tl["rate"])), (0, 0, 0))
+    line(top, h, 0, rmax, list(zip(ts, rates)), (0, 0, 0))
     top += h + 60
     for key, (title, h) in zip(("prefill", "decode"), panels[1:3]):
-        ymax = max(max(r.timeline[key]) for r in results) + 1
+        ymax = max(max(r.timeline[key] or [1]) for r in results) + 1
         axes(top, h, title, 0, ymax)
         for i, r in enumerate(results):
             line(top, h, 0, ymax, list(zip(r.timeline["t"], r.timeline[key])), colors.get(r.name, BLACK), off=i % 3 - 1)
@@ -543,14 +550,56 @@ def write_png(path: str, trace: Trace, results: list[Result]) -> None:
         fh.write(cv.png())
 
 
+def make_policy(name: str, init, peak, mean, cap_p, cap_d, prof, cap_d_tok=None) -> Policy:
+    if name == "pd-operator":  # as shipped: decode demand = generation tokens/s (promql.demand_query)
+        return PdOperator(init, cap_p, cap_d_tok, decode_demand="tokens")
+    if name == "pd-operator-streams":  # the first version: decode demand = running streams
+        return PdOperator(init, cap_p, cap_d, name=name)
+    if name == "pd-operator-waiting":  # decode demand = running + waiting (not what promql.demand_query sends)
+        return PdOperator(init, cap_p, cap_d, decode_demand="running+waiting", name=name)
+    if name == "pd-operator-tokens":  # decode demand = generation tokens/s, capacity tokens/s per replica
+        return PdOperator(init, cap_p, cap_d_tok, decode_demand="tokens", name=name)
+    if name == "static-peak":
+        return Static(name, peak["prefill"], peak["decode"])
+    if name == "static-mean":
+        return Static(name, mean["prefill"], mean["decode"])
+    if name == "hpa":
+        return HPA(init)
+    if name == "dynamo":
+        return Dynamo(init, prof)
+    raise ValueError(f"unknown policy {name!r}")
+
+
+def _run_named(spec) -> Result:
+    trace, name, *rest = spec
+    if name == "oracle":
+        return run_policy(trace, Scheduled(rest[0]))
+    return run_policy(trace, make_policy(name, *rest))
+
+
 def run_all(trace: Trace, out: str | None = None, policies: list[str] | None = None, goal: float = 0.99,
-            log=print, jobs: int = 1) -> list[Result]:
+            log=print, jobs: int = 1, oracle_json: str | None = None, tag: str = "autoscale-bench",
+            oracle_u: tuple[float, float] | None = None) -> list[Result]:
     cost = CostModel()
     t0 = time.time()
     log(f"trace: {trace.hours:g} h from {trace.start_h:g}:00, speed {trace.speed:g}, rate x{trace.rate_scale:g}, "
         f"seed {trace.seed}")
-    oracle, need, tried = find_oracle(trace, cost, goal, log)
-    oracle.name = "oracle"
+    if oracle_json:
+        with open(oracle_json) as fh:
+            prev = json.load(fh)
+        need, tried = prev["oracle"]["need"], prev["oracle"]["search"]
+        row = next(x for x in prev["results"] if x["name"] == "oracle")
+        oracle = Result("oracle", row["goodput"], row["ttft_p99"], row["itl_p99"], row["itl_req_p99"], row["gpu_hours"],
+                        row["goodput_per_gpu_hour"], row["actions"], row["requests"],
+                        dict(prev["timeline"]["oracle"]),
+                        {int(m): tuple(v) for m, v in prev["slo_per_minute"]["oracle"].items()}, row["wall_s"])
+        log(f"  oracle from {oracle_json}: {oracle.gpu_hours:.1f} GPU-h")
+    elif oracle_u:
+        # the oracle's utilizations given (e.g. from an earlier search): its run is one more job below
+        need, tried, oracle = oracle_need(trace, cost, *oracle_u), [{"u_prefill": oracle_u[0], "u_decode": oracle_u[1],
+                                                                     "given": True}], None
+    else:
+        oracle, need, tried = find_oracle(trace, cost, goal, log)
     peak = {r: max(need[r]) for r in need}
     mean = {r: max(1, round(sum(need[r]) / len(need[r]))) for r in need}
     init = {r: need[r][0] for r in need}
@@ -558,18 +607,23 @@ def run_all(trace: Trace, out: str | None = None, policies: list[str] | None = N
     cap_p = prefill_tokens_per_s(cost, isl)
     cap_d = decode_streams(cost, decode_mean_context(isl, osl, trace.osl.spread))
     prof = dynamo_profile(cost)
-    pols = {
-        "pd-operator": lambda: PdOperator(init, cap_p, cap_d),
-        "static-peak": lambda: Static("static-peak", peak["prefill"], peak["decode"]),
-        "static-mean": lambda: Static("static-mean", mean["prefill"], mean["decode"]),
-        "hpa": lambda: HPA(init),
-        "dynamo": lambda: Dynamo(init, prof),
-    }
-    names = policies or list(pols)
+    names = policies or ["pd-operator", "static-peak", "static-mean", "hpa", "dynamo"]
+    cap_d_tok = decode_tokens_per_s(cost, decode_mean_context(isl, osl, trace.osl.spread))
+    specs = [(trace, n, init, peak, mean, cap_p, cap_d, prof, cap_d_tok) for n in names]
+    if oracle is None:
+        specs.insert(0, (trace, "oracle", need))
+    if jobs > 1 and len(specs) > 1:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(min(jobs, len(specs))) as pool:
+            rs = pool.map(_run_named, specs)
+    else:
+        rs = [_run_named(x) for x in specs]
+    if oracle is None:
+        oracle, rs = rs[0], rs[1:]
+    oracle.name = "oracle"
     results = [oracle]
-    for name in names:
-        r = run_policy(trace, pols[name]())
-        log(f"  {name}: goodput {r.goodput:.4f}, {r.gpu_hours:.1f} GPU-h ({r.wall_s:.0f}s)")
+    for r in rs:
+        log(f"  {r.name}: goodput {r.goodput:.4f}, {r.gpu_hours:.1f} GPU-h ({r.wall_s:.0f}s)")
         results.append(r)
     for r in results:
         r.ratio = r.gpu_hours / oracle.gpu_hours if oracle.gpu_hours else float("nan")
@@ -586,17 +640,18 @@ def run_all(trace: Trace, out: str | None = None, policies: list[str] | None = N
                         "start_delay_s": START_DELAY, "interval_s": INTERVAL, "scrape_s": SCRAPE, "window_s": 60,
                         "slo": {"ttft_s": TTFT_SLO, "mean_itl_s": ITL_SLO}, "max_per_pool": MAX_PER_POOL,
                         "gpu_budget": BUDGET},
-            "pd_operator_capacity": {"prefill_tokens_per_s": cap_p, "decode_streams": cap_d},
-            "oracle": {"goal": goal, "search": tried, "peak": peak, "mean": mean},
+            "pd_operator_capacity": {"prefill_tokens_per_s": cap_p, "decode_streams": cap_d,
+                                     "decode_tokens_per_s": cap_d_tok},
+            "oracle": {"goal": goal, "search": tried, "peak": peak, "mean": mean, "need": need},
             "dynamo_profile": {"prefill_tokens_per_s_per_gpu": prof[0], "decode_tokens_per_s_per_gpu": prof[1]},
             "results": [{k: getattr(r, k) for k in ("name", "goodput", "ttft_p99", "itl_p99", "itl_req_p99", "gpu_hours",
                                                      "goodput_per_gpu_hour", "actions", "requests", "ratio", "wall_s")}
                         for r in results],
-            "timeline": {r.name: {"t": r.timeline["t"][::4], "prefill": r.timeline["prefill"][::4],
-                                  "decode": r.timeline["decode"][::4]} for r in results},
+            # every 4th scrape (1 min); an oracle loaded from --oracle-json is already so
+            "timeline": {r.name: (r.timeline if oracle_json and r.name == "oracle" else
+                                  {k: r.timeline[k][::4] for k in ("t", "prefill", "decode")}) for r in results},
             "slo_per_minute": {r.name: {str(m): [n, g] for m, (n, g) in r.per_min.items()} for r in results},
         }
-        tag = "autoscale-bench"
         with open(os.path.join(out, tag + ".json"), "w") as fh:
             json.dump(meta, fh, indent=1, default=float)
         with open(os.path.join(out, tag + ".md"), "w") as fh:
@@ -617,6 +672,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--policies", help="comma-separated subset of pd-operator,static-peak,static-mean,hpa,dynamo")
     p.add_argument("--goal", type=float, default=0.99, help="oracle goodput goal (default 0.99)")
+    p.add_argument("--jobs", type=int, default=2, help="policies simulated in parallel (processes; default 2)")
+    p.add_argument("--oracle-json", help="reuse the oracle (schedule and row) of an earlier run's JSON")
+    p.add_argument("--tag", default="autoscale-bench", help="output file name stem")
+    p.add_argument("--oracle-u", help="U_PREFILL,U_DECODE: skip the oracle's search, use these utilizations")
     p.set_defaults(func=main)
 
 
@@ -631,5 +690,6 @@ def main(args) -> int:
         kw["seed"] = args.seed
     tr = replace(tr, **kw)
     run_all(tr, args.out, args.policies.split(",") if args.policies else None, args.goal,
-            log=lambda s: print(s, flush=True))
+            log=lambda s: print(s, flush=True), jobs=args.jobs, oracle_json=args.oracle_json, tag=args.tag,
+            oracle_u=tuple(float(x) for x in args.oracle_u.split(",")) if args.oracle_u else None)
     return 0

@@ -492,6 +492,7 @@ class BenchFleet:
             "itl": itl, "itl_sum": itl_sum, "itl_count": itl_cnt,
             "waiting": {"prefill": [e.num_waiting for e in ready_p], "decode": [e.num_waiting for e in ready_d]},
             "running": {"prefill": [e.num_running for e in ready_p], "decode": [e.num_running for e in ready_d]},
+            "gen_tokens": self.gen_tokens,
             "arrived": self.arrived, "arrived_prompt": self.arrived_prompt, "arrived_output": self.arrived_output,
         }
 

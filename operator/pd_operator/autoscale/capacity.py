@@ -43,3 +43,13 @@ def decode_streams(cost: CostModel, mean_ctx: float, itl_target: float = 0.05, m
     while b < max_num_seqs and cost.decode_uniform_ms(b + 1, int(mean_ctx)) / 1e3 <= itl_target:
         b += 1
     return utilization * b
+
+
+def decode_tokens_per_s(cost: CostModel, mean_ctx: float, itl_target: float = 0.05, max_num_seqs: int = 256,
+                        utilization: float = 0.85) -> float:
+    """Generation tokens/s one decode replica sustains with its step time within the ITL target:
+    ``B / step(B)`` at the largest such batch ``B`` (<= max_num_seqs), times ``utilization``.
+    Unlike running streams, this demand unit does not depend on the pool size (streams =
+    tokens/s x ITL, and the ITL falls when the pool grows)."""
+    b = decode_streams(cost, mean_ctx, itl_target, max_num_seqs, utilization=1.0)
+    return utilization * b / (cost.decode_uniform_ms(int(b), int(mean_ctx)) / 1e3)

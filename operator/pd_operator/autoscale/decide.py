@@ -157,7 +157,9 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     if signal.demand is not None and signal.capacity:
         model = math.ceil(signal.demand / signal.capacity) if signal.demand > 0 else lo
     if abs(ratio - 1) <= policy.tolerance:
-        rec = current
+        # in band on latency, but never below what the demand needs (a
+        # histogram bucket edge can sit inside the band while the pool is full)
+        rec = current if model is None else max(current, model)
         why = f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms within {policy.tolerance:.0%} of target {target * 1000:.0f}ms"
     elif ratio > 1:
         rec = math.ceil(base * ratio)

@@ -33,6 +33,7 @@ METRICS: dict[str, dict[str, str]] = {
         "running": "vllm:num_requests_running",
         "kv_usage": "vllm:kv_cache_usage_perc",
         "prompt_tokens": "vllm:prompt_tokens_total",
+        "generation_tokens": "vllm:generation_tokens_total",
     },
     "sglang": {
         "ttft": "sglang:time_to_first_token_seconds",
@@ -41,6 +42,7 @@ METRICS: dict[str, dict[str, str]] = {
         "running": "sglang:num_running_reqs",
         "kv_usage": "sglang:token_usage",
         "prompt_tokens": "sglang:prompt_tokens_total",
+        "generation_tokens": "sglang:generation_tokens_total",
     },
 }
 
@@ -68,12 +70,14 @@ def latency_queries(engine: str, role: str, quantile: float, window: str = "1m")
 
 
 def demand_query(engine: str, role: str, window: str = "1m") -> Query:
-    """Demand for the model floor: prompt tokens/s into prefill, running streams on decode."""
+    """Demand for the model floor, in tokens/s: prompt tokens into prefill,
+    generated tokens out of decode. (Running streams would be the wrong unit
+    for decode: capped at max-num-seqs per pod, so a queue is invisible, and
+    self-referential; the benchmark in tests/benchmarks showed both.)"""
     sel = f'{{{ROLE}="{role}"}}'
     by = f"{NS}, {SERVICE}"
-    if role == "prefill":
-        return Query((engine, role, "demand", 0.0), f"sum by ({by}) (rate({METRICS[engine]['prompt_tokens']}{sel}[{window}]))")
-    return Query((engine, role, "demand", 0.0), f"sum by ({by}) ({METRICS[engine]['running']}{sel})")
+    metric = METRICS[engine]["prompt_tokens" if role == "prefill" else "generation_tokens"]
+    return Query((engine, role, "demand", 0.0), f"sum by ({by}) (rate({metric}{sel}[{window}]))")
 
 
 def by_service(result: list[dict]) -> dict[tuple[str, str], float]:

@@ -1,0 +1,43 @@
+"""Smoke run of the autoscaling benchmark (30 simulated minutes around the evening surge,
+rates x0.2): deterministic for a seed, and its basic orderings hold.  Not a timed test."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pd_operator.autoscale import bench
+from pd_operator.autoscale.trace import REFERENCE, TRACES, Surge
+
+SMOKE = replace(REFERENCE, start_h=19.9, hours=0.5, rate_scale=0.2)
+
+
+def test_trace_is_a_function_of_its_parameters():
+    assert REFERENCE.rate(4 * 3600) == 5.0
+    assert abs(REFERENCE.rate(12 * 3600) - 20.0) < 1e-9
+    assert abs(REFERENCE.rate(21 * 3600) - 60.0) < 1e-9            # 3x surge, held
+    assert abs(REFERENCE.rate((20 + 7.5 / 60) * 3600) - 40.0) < 1e-6  # half-way up the 15-min ramp
+    assert abs(REFERENCE.rate((22 + 15 / 60) * 3600) - 40.0) < 1e-6   # half-way down the 30-min ramp
+    a = list(SMOKE.arrivals())
+    assert a == list(SMOKE.arrivals()) and a != list(replace(SMOKE, seed=1).arrivals())
+    assert all(1 <= isl <= 8192 and 1 <= osl <= 4096 for _, isl, osl in a)
+    flash = replace(REFERENCE, surges=(Surge(11.0, 1, 11.25, 1, 4.0),))
+    assert abs(flash.rate(11.1 * 3600) - 80.0) < 1e-6 and set(TRACES) >= {"reference", "flash-crowd"}
+
+
+def test_smoke_run_invariants():
+    results = {r.name: r for r in bench.run_all(SMOKE, out=None, log=lambda s: None, jobs=1)}
+    assert set(results) == {"oracle", "pd-operator", "static-peak", "static-mean", "hpa", "dynamo"}
+    oracle = results["oracle"]
+    assert oracle.goodput >= 0.99
+    assert results["static-peak"].goodput >= results["static-mean"].goodput
+    for r in results.values():
+        assert r.requests > 1000 and 0.0 <= r.goodput <= 1.0 and r.gpu_hours > 0
+        if r.goodput >= oracle.goodput:  # meets the SLO as well as the oracle does
+            assert oracle.gpu_hours <= r.gpu_hours + 1e-9, r.name
+
+
+def test_deterministic_for_a_seed():
+    init = {"prefill": 1, "decode": 1}
+    a = bench.run_policy(SMOKE, bench.HPA(init))
+    b = bench.run_policy(SMOKE, bench.HPA(init))
+    assert (a.goodput, a.gpu_hours, a.actions, a.ttft_p99, a.per_min) == (b.goodput, b.gpu_hours, b.actions, b.ttft_p99, b.per_min)
