@@ -50,6 +50,7 @@ from tests.sim.conftest import (
     loopback_host,
     metric,
     router_python,
+    stream_chat,
     wait_http,
 )
 
@@ -115,31 +116,6 @@ def http_json(url: str, api_key: str | None = None) -> dict:
 def metrics_of(pp) -> str:
     with urllib.request.urlopen(pp.url + "/metrics", timeout=10) as resp:
         return resp.read().decode()
-
-
-def stream_chat(base: str, model: str, prompt: str, max_tokens: int,
-                api_key: str | None = None) -> tuple[list[str], set[str], bool]:
-    body = {"model": model, "stream": True, "max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}]}
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    req = urllib.request.Request(base + "/v1/chat/completions", method="POST", data=json.dumps(body).encode(),
-                                 headers=headers)
-    pieces, models, done = [], set(), False
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        assert resp.status == 200
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                continue
-            chunk = json.loads(data)
-            models.add(chunk.get("model"))
-            for ch in chunk.get("choices", []):
-                if ch.get("delta", {}).get("content"):
-                    pieces.append(ch["delta"]["content"])
-    return pieces, models, done
 
 
 def decode_workers(router_url: str, api_key: str | None = None) -> list[str]:

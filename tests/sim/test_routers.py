@@ -8,9 +8,7 @@ decode sim's the decode tokens and one KV transfer of the prompt.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 
 import pytest
 
@@ -18,7 +16,7 @@ from pd_operator.render.engines.flagset import check_argv
 from pd_operator.sim.__main__ import config_from_argv
 from pd_operator.sim.server import chat_tokens
 
-from .conftest import free_port, get, loopback_host, metric, rendered_engine, wait_http
+from .conftest import free_port, get, loopback_host, metric, rendered_engine, stream_chat, wait_http
 
 pytestmark = pytest.mark.routers
 
@@ -26,25 +24,8 @@ MAX_TOKENS = 20
 PROMPT = "word " * 4000  # 20000 chars = 5000 tokens
 
 
-def stream_chat(url: str, model: str) -> tuple[list[str], bool]:
-    body = {"model": model, "stream": True, "max_tokens": MAX_TOKENS,
-            "messages": [{"role": "user", "content": PROMPT}]}
-    req = urllib.request.Request(url + "/v1/chat/completions", method="POST", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    pieces, done = [], False
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        assert resp.status == 200
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                continue
-            for ch in json.loads(data).get("choices", []):
-                if ch.get("delta", {}).get("content"):
-                    pieces.append(ch["delta"]["content"])
+def stream(url: str, model: str) -> tuple[list[str], bool]:
+    pieces, _, done = stream_chat(url, model, PROMPT, MAX_TOKENS)
     return pieces, done
 
 
@@ -67,7 +48,7 @@ def run_pd(procs, router_py, example: str, router_module: str, pd_flags: list[st
     wait_http(f"http://{hr}:{pr}/readiness", timeout=60, proc=router)
 
     t0 = time.monotonic()
-    pieces, done = stream_chat(f"http://{hr}:{pr}", dec_cfg.served_name)
+    pieces, done = stream(f"http://{hr}:{pr}", dec_cfg.served_name)
     elapsed = time.monotonic() - t0
     assert done and len(pieces) == MAX_TOKENS, pieces
 

@@ -4,7 +4,7 @@ the fixed pool's GPUs counted, history amended when the budget cuts."""
 from __future__ import annotations
 
 from pd_operator.api import validate_service
-from pd_operator.autoscale.decide import History, PoolState
+from pd_operator.autoscale.decide import PoolState
 from pd_operator.autoscale.plan import PoolInput, plan_service
 from pd_operator.autoscale.promql import Observation
 from tests.conftest import minimal

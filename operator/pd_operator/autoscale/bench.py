@@ -10,11 +10,9 @@ Method, definitions and results: tests/benchmarks/README.md.
 
 from __future__ import annotations
 
-import collections
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, replace
 

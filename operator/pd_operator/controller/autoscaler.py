@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from ..api import SpecError, validate_service
-from ..api.models import PDInferenceService, duration_seconds
+from ..api.models import PDInferenceService
 from ..autoscale.decide import History, PoolState
 from ..autoscale.plan import PoolInput, plan_service
 from ..autoscale.promql import Observation
