@@ -51,8 +51,9 @@ class Rbac(_M):
                     "discovery stays cluster-wide.")
     secret_reads: bool = Field(
         False, alias="secretReads",
-        description="Let the operator get Secrets (never list) to report a missing API-key Secret in status. "
-                    "false: the kubelet reports it on the pods instead.")
+        description="Let the operator get Secrets (never list): to report a missing API-key Secret in status, "
+                    "and to read the Prometheus bearer token of spec.autoscaling.prometheus.bearerTokenSecretRef "
+                    "(required for that field). false: the kubelet reports missing Secrets on the pods instead.")
 
 
 class ServiceAccount(_M):

@@ -130,3 +130,82 @@ def test_demand_floor_applies_inside_the_tolerance_band():
     d = decide(DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=8), PoolState(replicas=3, ready=3),
                sig(0.0497, demand=30000, capacity=6120), History(), now=1000.0)
     assert d.recommendation == 5 and d.replicas == 5
+
+
+# ---- secondary signals (HPA with several metrics: the largest recommendation wins) ----
+
+def with_secondaries(*targets, **kw):
+    return prefill(secondary_targets=[{"metric": m, "average_value": v} for m, v in targets], **kw)
+
+
+def test_secondary_drives_the_scale_up_and_is_named():
+    # TTFT in band (keep 2); 12 waiting per replica against a target of 4 -> ceil(2 x 3) = 6
+    pol = with_secondaries(("queueDepth", 4.0))
+    d = decide(pol, PoolState(replicas=2, ready=2), sig(1.0, secondaries={"queueDepth": 12.0}), History(), now=1000.0)
+    assert (d.recommendation, d.replicas) == (6, 6)
+    assert d.reason.startswith("2 -> 6: ttft p99 1000ms within 10% of target")
+    assert "queueDepth 12/replica above target 4 (needs 6)" in d.reason and d.reason.endswith("sized by queueDepth")
+
+
+def test_secondary_never_lowers_the_latency_recommendation():
+    # TTFT 2x over target -> 4; the KV cache is nearly empty (needs 1): latency wins
+    pol = with_secondaries(("kvCacheUsage", 0.8))
+    d = decide(pol, PoolState(replicas=2, ready=2), sig(2.0, secondaries={"kvCacheUsage": 0.1}), History(), now=1000.0)
+    assert d.replicas == 4 and "kvCacheUsage 0.1/replica below target 0.8 (needs 1)" in d.reason
+    assert d.reason.endswith("sized by ttft")
+
+
+def test_missing_secondary_is_left_out():
+    # asked for queueDepth, no series: the latency alone decides, up and down
+    pol = with_secondaries(("queueDepth", 4.0), behavior={"scale_down": {"stabilization_window_seconds": 0}})
+    up = decide(pol, PoolState(replicas=2, ready=2), sig(2.0), History(), now=1000.0)
+    down = decide(pol, PoolState(replicas=4, ready=4), sig(0.5), History(), now=1000.0)
+    assert (up.replicas, down.replicas) == (4, 2)
+    assert "queueDepth" not in up.reason + down.reason and "sized by" not in up.reason
+
+
+def test_secondary_in_band_holds_a_latency_scale_down():
+    # latency says 1 (quiet), but the KV cache sits at its target: HPA keeps the current size
+    pol = with_secondaries(("kvCacheUsage", 0.8), behavior={"scale_down": {"stabilization_window_seconds": 0}})
+    d = decide(pol, PoolState(replicas=4, ready=4), sig(0.1, secondaries={"kvCacheUsage": 0.84}), History(), now=1000.0)
+    assert (d.recommendation, d.replicas) == (4, 4) and d.reason.endswith("sized by kvCacheUsage")
+
+
+def test_secondary_never_replaces_missing_latency_data():
+    pol = with_secondaries(("queueDepth", 1.0))
+    d = decide(pol, PoolState(replicas=3, ready=3), Signal(None, None, secondaries={"queueDepth": 50.0}), History(), now=1000.0)
+    assert (d.replicas, d.metrics_available) == (3, False) and "no latency data" in d.reason
+
+
+def test_largest_of_several_secondaries_wins():
+    pol = with_secondaries(("queueDepth", 4.0), ("kvCacheUsage", 0.5))
+    state = PoolState(replicas=2, ready=2)
+    d = decide(pol, state, sig(1.0, secondaries={"queueDepth": 12.0, "kvCacheUsage": 0.9}), History(), now=1000.0)
+    assert d.replicas == 6 and d.reason.endswith("sized by queueDepth")  # queue: 6, KV: ceil(3.6) = 4
+    d = decide(pol, state, sig(1.0, secondaries={"queueDepth": 4.2, "kvCacheUsage": 0.9}), History(), now=1000.0)
+    assert d.replicas == 4 and d.reason.endswith("sized by kvCacheUsage")  # queue in band: 2, KV: 4
+
+
+def test_capacity_source_is_named_once():
+    d = decide(prefill(), PoolState(replicas=2, ready=2),
+               sig(1.0, demand=120000, capacity=40000, capacity_note="capacity 40k tok/s/replica (cost model)"),
+               History(), now=1000.0)
+    assert d.replicas == 3 and d.reason.count("(cost model)") == 1
+    assert "demand needs 3 at capacity 40k tok/s/replica (cost model)" in d.reason and d.reason.endswith("sized by demand")
+
+
+def test_feedback_is_taken_above_the_latency_floor():
+    """A latency has a floor no replica count lowers: sized on the part above it.
+    Without the floor a pool at ~half its ITL target never goes from 2 to 1."""
+    policy = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=8, target={"value": "10ms"},
+                               behavior={"scale_down": {"stabilization_window_seconds": 0}})
+    state = PoolState(replicas=2, ready=2)
+    plain = decide(policy, state, Signal(0.0052, 100.0), History(), 100.0)
+    floored = decide(policy, state, Signal(0.0052, 100.0, floor=0.004), History(), 100.0)
+    assert plain.replicas == 2 and floored.replicas == 1
+    # above target the excess over the floor is what scales: (16 - 4) / (10 - 4) = 2x, not 1.6x
+    up = decide(policy, PoolState(replicas=3, ready=3), Signal(0.016, 100.0, floor=0.004), History(), 100.0)
+    assert up.replicas == 6
+    # a floor at or above the target is no information: plain ratio
+    odd = decide(policy, PoolState(replicas=3, ready=3), Signal(0.016, 100.0, floor=0.012), History(), 100.0)
+    assert odd.replicas == 5

@@ -1,13 +1,22 @@
 """Both pools of one service in one round: enabled pools only, GPU budget with
-the fixed pool's GPUs counted, history amended when the budget cuts."""
+the fixed pool's GPUs counted, history amended when the budget cuts; the
+capacity and the secondary signals each pool is decided on; and the policy
+fields behind them (secondaryTargets, capacityPerReplica), validated alike by
+the API server's CEL and by pydantic."""
 
 from __future__ import annotations
 
-from pd_operator.api import validate_service
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pd_operator.api import SpecError, validate_service
+from pd_operator.autoscale.capacity import estimate_capacity
 from pd_operator.autoscale.decide import PoolState
 from pd_operator.autoscale.plan import PoolInput, plan_service
 from pd_operator.autoscale.promql import Observation
 from tests.conftest import minimal
+from tests.unit.test_cel_equivalence import cel_failures, pydantic_failures
 
 AUTO = {"enabled": True, "minReplicas": 1, "maxReplicas": 20}
 
@@ -40,3 +49,84 @@ def test_missing_observation_holds():
     s = svc(prefill={"autoscaling": AUTO})
     out = plan_service(s, {"prefill": PoolInput(PoolState(3, 3), None, 100.0), "decode": PoolInput(PoolState(1, 1), None, 100.0)}, {}, now=100.0)
     assert out["prefill"].replicas == 3 and not out["prefill"].metrics_available
+
+
+# ---- capacity and secondary signals in the live loop ----
+
+def test_cost_model_floor_from_observed_lengths():
+    s = svc(prefill={"autoscaling": AUTO})
+    cap = estimate_capacity(s, "prefill", 2000.0, None)
+    # TTFT in band, but the prompt tokens need 5 replicas of the estimated capacity
+    obs = Observation(1.0, 4.5 * cap, mean_isl=2000.0)
+    out = plan_service(s, {"prefill": PoolInput(PoolState(2, 2), obs, 100.0), "decode": PoolInput(PoolState(1, 1), None, 100.0)}, {}, now=100.0)
+    assert out["prefill"].replicas == 5 and out["prefill"].reason.count("(cost model)") == 1
+    assert "sized by demand" in out["prefill"].reason
+
+
+def test_no_lengths_no_floor():
+    # idle window for the lengths: no estimate, the latency alone decides (in band: keep)
+    s = svc(prefill={"autoscaling": AUTO})
+    obs = Observation(1.0, 1e9)
+    out = plan_service(s, {"prefill": PoolInput(PoolState(2, 2), obs, 100.0)}, {}, now=100.0)
+    assert out["prefill"].replicas == 2 and "demand" not in out["prefill"].reason
+
+
+def test_capacity_per_replica_and_given_capacity():
+    s = svc(decode={"autoscaling": {**AUTO, "capacityPerReplica": 1000.0}})
+    obs = Observation(0.05, 7000.0, mean_isl=2000.0, mean_osl=500.0)
+    spec_cap = plan_service(s, {"decode": PoolInput(PoolState(2, 2), obs, 100.0)}, {}, now=100.0)["decode"]
+    assert spec_cap.replicas == 6 and "(capacityPerReplica)" in spec_cap.reason  # 7000 / 1000 = 7, rate limit: 2 -> 6
+    given = plan_service(s, {"decode": PoolInput(PoolState(2, 2), obs, 100.0, capacity=3500.0)}, {}, now=100.0)["decode"]
+    assert given.replicas == 2 and "(given)" in given.reason
+
+
+def test_secondaries_flow_from_the_observation():
+    s = svc(decode={"autoscaling": {**AUTO, "secondaryTargets": [{"metric": "queueDepth", "averageValue": 2}]}})
+    obs = Observation(0.05, None, queue=6.0, kv_usage=0.99)  # kv_usage not asked for: ignored
+    out = plan_service(s, {"decode": PoolInput(PoolState(2, 2), obs, 100.0)}, {}, now=100.0)["decode"]
+    assert out.replicas == 6 and out.reason.endswith("sized by queueDepth") and "kvCacheUsage" not in out.reason
+    assert s.spec.decode.autoscaling.secondary_metrics() == {"queueDepth"}
+
+
+# ---- the new fields: bounds, and the same verdict from CEL (API server) and pydantic (pdctl) ----
+
+def spec_with(**autoscaling):
+    return minimal(prefill={"autoscaling": {**AUTO, **autoscaling}})
+
+
+@pytest.mark.parametrize("autoscaling, message", [
+    ({"secondaryTargets": [{"metric": "queueDepth", "averageValue": 5}, {"metric": "kvCacheUsage", "averageValue": 1}]}, None),
+    ({"secondaryTargets": [{"metric": "kvCacheUsage", "averageValue": 1.2}]}, "kvCacheUsage averageValue is a fraction"),
+    ({"secondaryTargets": [{"metric": "queueDepth", "averageValue": 5}, {"metric": "queueDepth", "averageValue": 3}]},
+     "at most one entry per metric"),
+    ({"secondaryTargets": [{"metric": "kvCacheUsage", "averageValue": 0.5}, {"metric": "kvCacheUsage", "averageValue": 2}]},
+     "at most one entry per metric"),
+])
+def test_secondary_rules_agree_in_cel_and_pydantic(autoscaling, message):
+    obj = spec_with(**autoscaling)
+    cel, py = cel_failures(obj), pydantic_failures(obj)
+    if message is None:
+        assert cel == set() and py is None
+    else:  # pydantic stops at the first object that fails (here the item before the list)
+        assert any(message in m for m in cel) and py and py <= cel
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.fixed_dictionaries({"metric": st.sampled_from(["queueDepth", "kvCacheUsage"]),
+                                       "averageValue": st.sampled_from([0.3, 1, 1.0, 1.5, 4])}), max_size=2))
+def test_secondary_rules_agree_on_generated_lists(targets):
+    obj = spec_with(secondaryTargets=targets)
+    cel, py = cel_failures(obj), pydantic_failures(obj)
+    assert (py is None) == (cel == set()) and (py or set()) <= cel
+
+
+@pytest.mark.parametrize("autoscaling", [
+    {"secondaryTargets": [{"metric": "queueDepth", "averageValue": 0}]},
+    {"secondaryTargets": [{"metric": "waiting", "averageValue": 1}]},
+    {"secondaryTargets": [{"metric": "queueDepth", "averageValue": 1}] * 3},
+    {"capacityPerReplica": 0},
+    {"capacityPerReplica": -5.0},
+])
+def test_secondary_and_capacity_bounds(autoscaling):
+    with pytest.raises(SpecError):
+        validate_service(spec_with(**autoscaling))

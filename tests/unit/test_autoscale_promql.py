@@ -5,7 +5,20 @@ from __future__ import annotations
 
 import math
 
-from pd_operator.autoscale.promql import by_service, demand_query, latency_queries, observations
+from pd_operator.autoscale.promql import (
+    Observation,
+    by_service,
+    demand_query,
+    latency_queries,
+    mean_length_query,
+    observations,
+    pool_queries,
+    secondary_query,
+)
+
+
+def series(ns, svc, v):
+    return {"metric": {"namespace": ns, "pdserving_io_service": svc}, "value": [1.0, str(v)]}
 
 
 def test_one_query_per_signal_grouped_by_service():
@@ -20,8 +33,6 @@ def test_one_query_per_signal_grouped_by_service():
 
 
 def test_results_by_service_idle_and_missing():
-    def series(ns, svc, v):
-        return {"metric": {"namespace": ns, "pdserving_io_service": svc}, "value": [1.0, str(v)]}
     quant = by_service([series("a", "busy", 0.8), series("a", "idle", "NaN"), series("b", "broken", "NaN")])
     rates = by_service([series("a", "busy", 5.0), series("a", "idle", 0.0)])
     obs = observations(quant, rates, by_service([series("a", "busy", 12000)]))
@@ -34,3 +45,44 @@ def test_results_by_service_idle_and_missing():
 
 def test_series_without_our_labels_are_ignored():
     assert by_service([{"metric": {"job": "x"}, "value": [1, "1"]}, {"metric": {}, "value": []}]) == {}
+
+
+def test_mean_lengths_are_token_rate_over_request_rate_of_the_pods_that_see_them():
+    isl = mean_length_query("vllm", "mean_isl")
+    assert isl.promql == ('sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_total{pdserving_io_role="prefill"}[1m])) '
+                          '/ sum by (namespace, pdserving_io_service) (rate(vllm:time_to_first_token_seconds_count{pdserving_io_role="prefill"}[1m]))')
+    osl = mean_length_query("sglang", "mean_osl", window="2m")
+    assert osl.promql == ('sum by (namespace, pdserving_io_service) (rate(sglang:generation_tokens_total{pdserving_io_role="decode"}[2m])) '
+                          '/ sum by (namespace, pdserving_io_service) (rate(sglang:e2e_request_latency_seconds_count{pdserving_io_role="decode"}[2m]))')
+
+
+def test_secondary_signals_are_per_replica_averages_of_the_engine_gauges():
+    assert secondary_query("vllm", "prefill", "queueDepth").promql == (
+        'avg by (namespace, pdserving_io_service) (avg_over_time(vllm:num_requests_waiting{pdserving_io_role="prefill"}[1m]))')
+    assert secondary_query("sglang", "decode", "queueDepth").promql.count("sglang:num_queue_reqs{pdserving_io_role=\"decode\"}") == 1
+    assert "avg_over_time(sglang:token_usage{" in secondary_query("sglang", "decode", "kvCacheUsage").promql
+    assert "avg_over_time(vllm:kv_cache_usage_perc{" in secondary_query("vllm", "decode", "kvCacheUsage").promql
+
+
+def test_pool_queries_ask_for_secondaries_only_when_wanted():
+    assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"}
+    decode = pool_queries("vllm", "decode", 0.99, secondaries={"kvCacheUsage", "queueDepth"})
+    assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage"}
+    assert decode["queue"] == secondary_query("vllm", "decode", "queueDepth")
+    assert decode["mean_isl"].promql == mean_length_query("vllm", "mean_isl").promql  # ISL from the prefill pods
+    for q in decode.values():  # one query per signal for all services
+        assert "by (namespace, pdserving_io_service" in q.promql
+
+
+def test_extra_results_fill_the_observation_and_nan_is_no_data():
+    quant = by_service([series("a", "busy", 0.5), series("a", "idle", "NaN")])
+    rates = by_service([series("a", "busy", 2.0), series("a", "idle", 0.0)])
+    extra = {
+        "mean_isl": by_service([series("a", "busy", 1800.0), series("a", "idle", "NaN")]),  # 0/0 while idle
+        "mean_osl": by_service([series("a", "busy", 400.0), series("a", "idle", "+Inf")]),
+        "queue": by_service([series("a", "busy", 3.5), series("a", "idle", 0.0)]),
+    }
+    obs = observations(quant, rates, None, extra)
+    assert obs[("a", "busy")] == Observation(0.5, None, mean_isl=1800.0, mean_osl=400.0, queue=3.5)
+    assert obs[("a", "idle")] == Observation(0.0, None, mean_isl=None, mean_osl=None, queue=0.0)
+    assert obs[("a", "busy")].kv_usage is None  # not asked for

@@ -11,7 +11,7 @@ accessors such as :meth:`PDInferenceServiceSpec.backend` resolve them on read
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Optional
+from typing import Annotated, ClassVar, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
@@ -449,6 +449,33 @@ class DecodeTarget(LatencyTarget):
     value: Duration = Field("50ms", description="ITL target, e.g. 50ms.")
 
 
+SecondaryMetric = Literal["queueDepth", "kvCacheUsage"]
+
+
+class SecondaryTarget(Base):
+    """A secondary signal of a pool, like an HPA v2 Pods metric with an AverageValue target: it recommends ceil(ready replicas x observed / averageValue)."""
+
+    metric: SecondaryMetric = Field(
+        description="queueDepth: requests waiting per replica (vllm:num_requests_waiting, sglang:num_queue_reqs); "
+        "kvCacheUsage: fraction 0..1 of the KV cache in use per replica (vllm:kv_cache_usage_perc, sglang:token_usage). "
+        "Both averaged over the pool's pods and over the query window.",
+    )
+    average_value: float = Field(
+        gt=0.0, le=100000.0,
+        description="Target average per replica: waiting requests for queueDepth (> 0), "
+        "a fraction in (0, 1] for kvCacheUsage (e.g. 0.8).",
+    )
+
+    rules = (
+        Rule(
+            cel="self.metric != 'kvCacheUsage' || double(self.averageValue) <= 1.0",
+            message="secondaryTargets: kvCacheUsage averageValue is a fraction of the KV cache: use a value in (0, 1], e.g. 0.8",
+            check=lambda s: s.metric != "kvCacheUsage" or s.average_value <= 1.0,
+            field_path=".averageValue",
+        ),
+    )
+
+
 class PoolAutoscaling(Base):
     """Autoscaling of one pool (filled in by the autoscaler; off by default)."""
 
@@ -457,6 +484,19 @@ class PoolAutoscaling(Base):
     max_replicas: Optional[int] = Field(None, ge=1, le=1000, description="Most replicas the autoscaler may create (required when enabled).")
     tolerance: float = Field(0.1, ge=0.0, le=1.0, description="No scaling while the signal is within this fraction of the target.")
     behavior: ScalingBehavior = obj(description="Scale-up/down stabilization windows and rate limits, as in HPA v2.", default_factory=ScalingBehavior)
+    secondary_targets: list[SecondaryTarget] = Field(
+        default_factory=list, max_length=len(get_args(SecondaryMetric)),
+        description="Optional secondary signals, at most one per metric (queueDepth, kvCacheUsage). As with several "
+        "metrics in HPA v2, each gives a recommendation and the pool takes the largest of them and of the latency "
+        "target's; a secondary without data is left out (never holds the latency target back, never scales down).",
+    )
+    capacity_per_replica: Optional[float] = Field(
+        None, gt=0.0, le=1e9,
+        description="What one replica serves at the target: prompt tokens/s for prefill, generated tokens/s for "
+        "decode. It sets the demand floor (the pool never gets fewer than demand / capacityPerReplica replicas). "
+        "Unset: estimated from the calibrated H200 cost model when the model and the GPU are known, else latency "
+        "feedback only.",
+    )
 
     rules = (
         Rule(
@@ -471,7 +511,17 @@ class PoolAutoscaling(Base):
             check=lambda s: not s.enabled or s.max_replicas is not None,
             field_path=".maxReplicas",
         ),
+        Rule(
+            cel="!has(self.secondaryTargets) || self.secondaryTargets.all(t, self.secondaryTargets.exists_one(u, u.metric == t.metric))",
+            message="secondaryTargets: at most one entry per metric (queueDepth, kvCacheUsage): remove the duplicate",
+            check=lambda s: len({t.metric for t in s.secondary_targets}) == len(s.secondary_targets),
+            field_path=".secondaryTargets",
+        ),
     )
+
+    def secondary_metrics(self) -> frozenset[str]:
+        """The secondary signals this pool asks for (what the signal source must query)."""
+        return frozenset(t.metric for t in self.secondary_targets)
 
 
 class PrefillAutoscaling(PoolAutoscaling):
@@ -759,6 +809,10 @@ class PDInferenceServiceSpec(Base):
 
     def router_kind(self) -> str:
         return self.router.effective_kind(self.engine.kind)
+
+    def pool(self, role: str) -> "PrefillPool | DecodePool":
+        """The pool of a role: ``prefill`` or ``decode``."""
+        return self.prefill if role == "prefill" else self.decode
 
 
 # --------------------------------------------------------------------------

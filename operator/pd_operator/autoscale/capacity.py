@@ -16,13 +16,36 @@ These feed the model floor of :func:`~pd_operator.autoscale.decide.decide`
 The mean context of a running decode is length-biased: a request is seen in
 proportion to its output length, so ``E[ctx] = ISL + E[OSL^2] / (2 E[OSL])``
 (= ISL + OSL/2 * exp(sigma^2) for a lognormal OSL).
+
+In the operator, :func:`pool_capacity` picks the capacity of one replica of a
+pool: the pool's ``autoscaling.capacityPerReplica`` when set; else the cost
+model at the observed mean ISL/OSL, when it applies (a model whose shape is
+known, NVIDIA H200 or no GPU constraint, no pipeline parallelism, weights
+that fit); else none, and the pool is sized on latency feedback alone.  With
+no ISL/OSL (an idle pool: no requests in the window) there is no estimate
+either: guessing lengths could only put a wrong floor under the pool, and an
+idle pool has no demand to floor.  Decode capacity is in generated tokens/s,
+the unit of :func:`~pd_operator.autoscale.promql.demand_query`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ..sim.costmodel import CostModel
+from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
+from ..sim.costmodel import CostModel, shape_for
+
+CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
+DEFAULT_MAX_BATCHED_TOKENS = 8192  # the engines' step token budget when the pool sets none
+DEFAULT_MAX_NUM_SEQS = 256         # vLLM --max-num-seqs / SGLang --max-running-requests default
+CALIBRATED_MEMORY_FRACTION = 0.92  # the cost model's usable memory is at vLLM's default utilization
+# The spread of output lengths, for the length bias of the decode context (module
+# docstring): Prometheus gives the mean OSL, not its spread, so a typical chat
+# spread (lognormal sigma 0.6) is assumed. Assuming none (sigma 0) would read the
+# context ~9 % short at that spread and overstate decode capacity; the benchmark
+# showed that costs goodput on a ramp (tests/benchmarks/README.md).
+ASSUMED_OSL_SIGMA = 0.6
 
 
 def prefill_tokens_per_s(cost: CostModel, mean_isl: float, max_batched_tokens: int = 8192,
@@ -53,3 +76,101 @@ def decode_tokens_per_s(cost: CostModel, mean_ctx: float, itl_target: float = 0.
     tokens/s x ITL, and the ITL falls when the pool grows)."""
     b = decode_streams(cost, mean_ctx, itl_target, max_num_seqs, utilization=1.0)
     return utilization * b / (cost.decode_uniform_ms(int(b), int(mean_ctx)) / 1e3)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one replica of a pool serves at the target, and where that figure comes from."""
+
+    per_replica: float  # tokens/s: prompt tokens for prefill, generated tokens for decode
+    source: str         # "capacityPerReplica" (the spec), "cost model", ...
+
+    def describe(self) -> str:
+        return f"capacity {_si(self.per_replica)} tok/s/replica ({self.source})"
+
+
+def _si(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if value >= 1e3:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:.3g}"
+
+
+def replica_cost_model(spec: PDInferenceServiceSpec, role: str) -> CostModel | None:
+    """The calibrated cost model of one engine rank of the pool, or None where it
+    does not apply: a model shape the cost model does not know, a GPU product
+    other than H200 (``gpuProduct``, or the product label in ``nodeSelector``)
+    or AMD, pipeline parallelism (not modelled), weights that do not fit."""
+    pool = spec.pool(role)
+    if spec.engine.accelerator != "nvidia" or pool.pipeline_parallel_size != 1:
+        return None
+    product = pool.gpu_product or pool.node_selector.get(spec.topology.gpu_product_label)
+    if product is not None and CALIBRATED_GPU not in product.upper():
+        return None
+    try:
+        shape = shape_for(spec.model.name)
+    except KeyError:
+        return None
+    cost = CostModel(shape=shape, tp=pool.tensor_parallel_size)
+    return cost if cost.kv_capacity_tokens(_memory_fraction(pool)) > 0 else None
+
+
+def _memory_fraction(pool: PoolSpec) -> float:
+    """The pool's GPU memory for weights and KV, relative to the cost model's."""
+    return min(1.0, (pool.gpu_memory_utilization or CALIBRATED_MEMORY_FRACTION) / CALIBRATED_MEMORY_FRACTION)
+
+
+def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: float | None,
+                         mean_osl: float | None) -> float | None:
+    cost = replica_cost_model(spec, role)
+    if cost is None or mean_isl is None or mean_isl <= 0:
+        return None
+    pool = spec.pool(role)
+    if role == "prefill":
+        per_rank = prefill_tokens_per_s(cost, mean_isl, pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS)
+    else:
+        if mean_osl is None or mean_osl <= 0:
+            return None
+        ctx = decode_mean_context(mean_isl, mean_osl, ASSUMED_OSL_SIGMA)
+        # the batch is capped by the engine's limit and by the KV cache at the mean context
+        seqs = min(pool.max_running_requests or DEFAULT_MAX_NUM_SEQS,
+                   int(cost.kv_capacity_tokens(_memory_fraction(pool)) // ctx))
+        if seqs < 1:
+            return None
+        per_rank = decode_tokens_per_s(cost, ctx, duration_seconds(pool.autoscaling.target.value), seqs)
+    return per_rank * pool.data_parallel_size  # data-parallel ranks of a replica serve side by side
+
+
+def pool_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
+                  mean_osl: float | None) -> Capacity | None:
+    """One replica's capacity at the pool's target: ``capacityPerReplica`` when set,
+    else the cost model's estimate at the mean ISL/OSL, else None (feedback only)."""
+    override = svc.spec.pool(role).autoscaling.capacity_per_replica
+    if override is not None:
+        return Capacity(override, "capacityPerReplica")
+    estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl)
+    return Capacity(estimate, "cost model") if estimate else None
+
+
+def estimate_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
+                      mean_osl: float | None) -> float | None:
+    """One replica's capacity in tokens/s (see :func:`pool_capacity`), or None."""
+    capacity = pool_capacity(svc, role, mean_isl, mean_osl)
+    return capacity.per_replica if capacity else None
+
+
+def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, mean_osl: float | None) -> float | None:
+    """The pool's latency with no load at all, seconds: the prefill of a mean
+    prompt alone (TTFT) or a decode step of one sequence at the mean context
+    (ITL), from the cost model; None where the cost model does not apply or
+    the lengths are unknown. The feedback sizes the pool on the latency above
+    this floor, the part that load adds (:func:`..decide.decide`)."""
+    cost = replica_cost_model(svc.spec, role)
+    if cost is None or not mean_isl or mean_isl <= 0:
+        return None
+    if role == "prefill":
+        return cost.prefill_ms(int(mean_isl)) / 1e3
+    if not mean_osl or mean_osl <= 0:
+        return None
+    return cost.decode_uniform_ms(1, int(decode_mean_context(mean_isl, mean_osl, ASSUMED_OSL_SIGMA))) / 1e3

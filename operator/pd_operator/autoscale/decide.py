@@ -13,9 +13,16 @@ The control law (docs: autoscale/README.md):
    ``ratio = observed / target``; inside the tolerance band -> keep;
    otherwise ``ceil(ready * ratio)``.
 3. A model-based floor when demand is known: ``ceil(demand / capacity)``,
-   where ``capacity`` is what one replica serves at the target (from the
-   calibrated cost model). Scale-up takes the larger of feedback and model;
+   where ``capacity`` is what one replica serves at the target (the pool's
+   ``capacityPerReplica``, or the calibrated cost model: capacity.py). Scale-up takes the larger of feedback and model;
    scale-down never goes below the model's need.
+   Secondary signals (the pool's ``secondaryTargets``: waiting requests or
+   KV-cache usage per replica), as HPA does with several metrics: each
+   recommends ``ceil(ready * observed / averageValue)`` (the current size
+   inside the tolerance band) and the pool takes the largest recommendation.
+   A secondary without data is left out: it never holds back the latency
+   target and never scales down. The reason names the signal that sized the
+   pool whenever more than the latency fed the decision.
 4. Guards: no scale-up while pods are Unschedulable (they would only add
    Pending pods); no scale-down while pods are starting (their capacity is not
    observed yet); min/max bounds.
@@ -26,6 +33,7 @@ The control law (docs: autoscale/README.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..api.models import PoolAutoscaling, ScalingRules, duration_seconds
@@ -57,6 +65,12 @@ class Signal:
     observed_at: float | None       # when (seconds, same clock as ``now``)
     demand: float | None = None     # load in the unit of ``capacity`` (e.g. prompt tokens/s, running streams)
     capacity: float | None = None   # what one replica serves at the target, same unit
+    capacity_note: str | None = None  # where ``capacity`` comes from, for the reason (e.g. "capacity 41k tok/s/replica (cost model)")
+    # secondary signals by metric (``queueDepth``, ``kvCacheUsage``): the observed average per replica;
+    # a metric missing here has no data
+    secondaries: Mapping[str, float] = field(default_factory=dict)
+    # the pool's latency with no load (seconds; capacity.latency_floor), None: unknown (taken as 0)
+    floor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -134,13 +148,60 @@ def _rate_limit(rules: ScalingRules, current: int, history: History, now: float,
     return (most_permissive if rules.select_policy == "Max" else least_permissive)(limits)
 
 
+def _feedback(observed: float, target: float, current: int, ready: int, tolerance: float,
+              floor: float = 0.0) -> tuple[int, str]:
+    """HPA's rule on one metric: the current size inside the tolerance band,
+    else ``ceil(ready x observed / target)``; and how the metric stands.
+
+    A latency has a floor that no number of replicas lowers (one decode step,
+    one prompt's prefill), and only the part above it scales with the load per
+    replica; so with a known ``floor`` (< target) the ratio is taken above it:
+    ``(observed - floor) / (target - floor)``. Without it, a pool whose latency
+    sits at half the target could never go from 2 replicas to 1 (HPA's ratio
+    0.5 x 2 = 1 needs an observed value of exactly half the target), and with
+    vLLM's ITL buckets (the first ends at 10 ms) a quiet pool reads half the
+    bucket edge, not its real step time. The band is on the plain ratio."""
+    ratio = observed / target
+    if abs(ratio - 1) <= tolerance:
+        return current, f"within {tolerance:.0%} of"
+    scale = ratio
+    if 0 < floor < target:
+        scale = max(0.0, observed - floor) / (target - floor)
+    return math.ceil(max(ready, 1) * scale), "above" if ratio > 1 else "below"
+
+
+def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal) -> tuple[int, str]:
+    """The pool's recommendation and its reason: the largest of the latency
+    feedback, the demand floor and the secondary signals with data."""
+    target = duration_seconds(policy.target.value)
+    rec, stands = _feedback(signal.observed, target, state.replicas, state.ready, policy.tolerance, signal.floor or 0.0)
+    candidates = [(rec, policy.target.metric)]
+    clauses = [f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms "
+               f"{stands} target {target * 1000:.0f}ms"]
+    if signal.demand is not None and signal.capacity:
+        # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
+        model = math.ceil(signal.demand / signal.capacity) if signal.demand > 0 else policy.min_replicas
+        candidates.append((model, "demand"))
+        clauses.append(f"demand needs {model}" + (f" at {signal.capacity_note}" if signal.capacity_note else ""))
+    for t in policy.secondary_targets:
+        observed = signal.secondaries.get(t.metric)
+        if observed is None:
+            continue  # no data: left out, never holds back the latency target nor scales down
+        need, stands = _feedback(observed, t.average_value, state.replicas, state.ready, policy.tolerance)
+        candidates.append((need, t.metric))
+        clauses.append(f"{t.metric} {observed:.3g}/replica {stands} target {t.average_value:g} (needs {need})")
+    best = max(n for n, _ in candidates)
+    if len(candidates) > 1:
+        clauses.append(f"sized by {next(name for n, name in candidates if n == best)}")
+    return best, "; ".join(clauses)
+
+
 def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: History, now: float,
            interval_seconds: float = 30.0) -> Decision:
     """Replicas for one pool. ``history`` is updated in place."""
     lo = policy.min_replicas
     hi = policy.max_replicas if policy.max_replicas is not None else max(state.replicas, lo)
     current = state.replicas
-    target = duration_seconds(policy.target.value)
     stale_after = 3 * interval_seconds
 
     # 1. no or stale data: hold
@@ -150,29 +211,8 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
         age = now - signal.observed_at
         return Decision(max(lo, min(current, hi)), f"latency data is {age:.0f}s old (> {stale_after:.0f}s): holding", False, current)
 
-    # 2./3. recommendation
-    ratio = signal.observed / target
-    base = max(state.ready, 1)
-    model = None
-    if signal.demand is not None and signal.capacity:
-        model = math.ceil(signal.demand / signal.capacity) if signal.demand > 0 else lo
-    if abs(ratio - 1) <= policy.tolerance:
-        # in band on latency, but never below what the demand needs (a
-        # histogram bucket edge can sit inside the band while the pool is full)
-        rec = current if model is None else max(current, model)
-        why = f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms within {policy.tolerance:.0%} of target {target * 1000:.0f}ms"
-    elif ratio > 1:
-        rec = math.ceil(base * ratio)
-        if model is not None:
-            rec = max(rec, model)
-        why = f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms above target {target * 1000:.0f}ms"
-    else:
-        rec = math.ceil(base * ratio)
-        if model is not None:
-            rec = max(rec, model)
-        why = f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms below target {target * 1000:.0f}ms"
-    if model is not None:
-        why += f"; demand needs {model}"
+    # 2./3. recommendation: the largest of the signals'
+    rec, why = _recommend(policy, state, signal)
     rec = max(lo, min(rec, hi))
 
     # 5. stabilization windows

@@ -1,13 +1,20 @@
 """One autoscaling round for one service: both pools' decisions within the
-GPU budget. Pure: the caller brings state, observations, histories and time."""
+GPU budget. Pure: the caller brings state, observations, histories and time.
+
+Each pool's signal is built here from its observation: the latency quantile,
+the demand, the secondary signals, and the capacity of one replica (given by
+the caller, else the pool's ``capacityPerReplica``, else the cost model's
+estimate at the observed mean ISL/OSL: :mod:`.capacity`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..api.models import PDInferenceService, duration_seconds
-from .decide import Decision, History, PoolClaim, PoolState, Signal, decide, share_budget
-from .promql import Observation
+from .capacity import Capacity, latency_floor, pool_capacity
+from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, share_budget
+from .promql import SECONDARY, Observation
 
 ROLES = ("prefill", "decode")
 
@@ -17,7 +24,32 @@ class PoolInput:
     state: PoolState
     observation: Observation | None
     observed_at: float | None
-    capacity: float | None = None  # one replica's capacity at the target (model floor); None: feedback only
+    # one replica's capacity at the target (model floor); None: capacityPerReplica or the cost model's estimate
+    capacity: float | None = None
+
+
+def _capacity(svc: PDInferenceService, role: str, inp: PoolInput) -> Capacity | None:
+    if inp.capacity is not None:
+        return Capacity(inp.capacity, "given")
+    obs = inp.observation
+    return pool_capacity(svc, role, obs.mean_isl if obs else None, obs.mean_osl if obs else None)
+
+
+def _signal(svc: PDInferenceService, role: str, inp: PoolInput) -> Signal:
+    obs = inp.observation
+    capacity = _capacity(svc, role, inp)
+    # secondary signals by metric, those with data only
+    secondaries = {metric: getattr(obs, name) for metric, (_, name) in SECONDARY.items()
+                   if obs is not None and getattr(obs, name) is not None}
+    return Signal(
+        observed=obs.observed if obs else None,
+        observed_at=inp.observed_at if obs and obs.observed is not None else None,
+        demand=obs.demand if obs else None,
+        capacity=capacity.per_replica if capacity else None,
+        capacity_note=capacity.describe() if capacity else None,
+        secondaries=secondaries,
+        floor=latency_floor(svc, role, obs.mean_isl, obs.mean_osl) if obs else None,
+    )
 
 
 def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], histories: dict[str, History], now: float) -> dict[str, Decision]:
@@ -27,17 +59,11 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
     decisions: dict[str, Decision] = {}
     claims = []
     for role in ROLES:
-        pool = spec.prefill if role == "prefill" else spec.decode
+        pool = spec.pool(role)
         if not pool.autoscaling.enabled or role not in inputs:
             continue
         inp = inputs[role]
-        obs = inp.observation
-        signal = Signal(
-            observed=obs.observed if obs else None,
-            observed_at=inp.observed_at if obs and obs.observed is not None else None,
-            demand=obs.demand if obs else None,
-            capacity=inp.capacity,
-        )
+        signal = _signal(svc, role, inp)
         d = decide(pool.autoscaling, inp.state, signal, histories.setdefault(role, History()), now, interval)
         decisions[role] = d
         target = duration_seconds(pool.autoscaling.target.value)
@@ -46,7 +72,7 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
     budget = spec.autoscaling.max_total_gpus
     if budget is not None and claims:
         # pools that do not autoscale still use their GPUs
-        fixed = sum((spec.prefill if r == "prefill" else spec.decode).gpus_per_replica() * inputs[r].state.replicas
+        fixed = sum(spec.pool(r).gpus_per_replica() * inputs[r].state.replicas
                     for r in ROLES if r in inputs and r not in decisions)
         shared = share_budget(claims, budget, reserved=fixed)
         for role, (replicas, cut) in shared.items():
@@ -62,8 +88,6 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
 
 def _amend_last_change(history: History, now: float, before: int, after: int) -> None:
     """The budget cut a change decide() recorded: remember what really happened."""
-    from .decide import Change
-
     if history.changes and history.changes[-1].at == now:
         history.changes.pop()
     if after != before:

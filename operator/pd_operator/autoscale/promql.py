@@ -13,11 +13,18 @@ Which pool's series drive which decision: prefill is sized on the TTFT its
 own pods report (queueing + prefill compute), decode on the ITL of the decode
 pods. An idle pool (its request-count rate is 0) reports latency 0 (a real
 signal: nothing to serve); a pool with no series at all has no data (hold).
+
+Besides: the demand (tokens/s) of the model floor; the mean prompt length
+(ISL, from the prefill pods) and output length (OSL, from the decode pods)
+the per-replica capacity is estimated at; and, only when a service asks for
+them, the secondary signals (waiting requests, KV-cache usage) averaged per
+replica.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 NS = "namespace"
@@ -34,6 +41,7 @@ METRICS: dict[str, dict[str, str]] = {
         "kv_usage": "vllm:kv_cache_usage_perc",
         "prompt_tokens": "vllm:prompt_tokens_total",
         "generation_tokens": "vllm:generation_tokens_total",
+        "e2e": "vllm:e2e_request_latency_seconds",
     },
     "sglang": {
         "ttft": "sglang:time_to_first_token_seconds",
@@ -43,10 +51,25 @@ METRICS: dict[str, dict[str, str]] = {
         "kv_usage": "sglang:token_usage",
         "prompt_tokens": "sglang:prompt_tokens_total",
         "generation_tokens": "sglang:generation_tokens_total",
+        "e2e": "sglang:e2e_request_latency_seconds",
     },
 }
 
 POOL_METRIC = {"prefill": "ttft", "decode": "itl"}
+
+# Secondary signal (the CRD's secondaryTargets[].metric) -> (engine gauge in METRICS, Observation field).
+SECONDARY = {"queueDepth": ("waiting", "queue"), "kvCacheUsage": ("kv_usage", "kv_usage")}
+
+# Mean request length (Observation field) -> (role of the pods, token counter, request-count histogram).
+# ISL: prompt tokens over prefill requests (each prefill request reports one TTFT);
+# OSL: generated tokens over finished decode requests.
+LENGTHS = {"mean_isl": ("prefill", "prompt_tokens", "ttft"), "mean_osl": ("decode", "generation_tokens", "e2e")}
+
+# What each pool's capacity estimate needs (autoscale/capacity.py): prefill
+# capacity depends on the prompt length, decode capacity on the mean context.
+CAPACITY_INPUTS = {"prefill": ("mean_isl",), "decode": ("mean_isl", "mean_osl")}
+
+BY = f"{NS}, {SERVICE}"
 
 
 @dataclass(frozen=True)
@@ -57,15 +80,18 @@ class Query:
     promql: str
 
 
+def _sel(role: str) -> str:
+    return f'{{{ROLE}="{role}"}}'
+
+
 def latency_queries(engine: str, role: str, quantile: float, window: str = "1m") -> list[Query]:
     """The quantile of the pool's latency and its sample rate, for all services."""
     metric = METRICS[engine][POOL_METRIC[role]]
-    sel = f'{{{ROLE}="{role}"}}'
-    by = f"{NS}, {SERVICE}"
+    sel = _sel(role)
     return [
         Query((engine, role, "quantile", quantile),
-              f"histogram_quantile({quantile:g}, sum by ({by}, le) (rate({metric}_bucket{sel}[{window}])))"),
-        Query((engine, role, "rate", quantile), f"sum by ({by}) (rate({metric}_count{sel}[{window}]))"),
+              f"histogram_quantile({quantile:g}, sum by ({BY}, le) (rate({metric}_bucket{sel}[{window}])))"),
+        Query((engine, role, "rate", quantile), f"sum by ({BY}) (rate({metric}_count{sel}[{window}]))"),
     ]
 
 
@@ -74,10 +100,36 @@ def demand_query(engine: str, role: str, window: str = "1m") -> Query:
     generated tokens out of decode. (Running streams would be the wrong unit
     for decode: capped at max-num-seqs per pod, so a queue is invisible, and
     self-referential; the benchmark in tests/benchmarks showed both.)"""
-    sel = f'{{{ROLE}="{role}"}}'
-    by = f"{NS}, {SERVICE}"
     metric = METRICS[engine]["prompt_tokens" if role == "prefill" else "generation_tokens"]
-    return Query((engine, role, "demand", 0.0), f"sum by ({by}) (rate({metric}{sel}[{window}]))")
+    return Query((engine, role, "demand", 0.0), f"sum by ({BY}) (rate({metric}{_sel(role)}[{window}]))")
+
+
+def mean_length_query(engine: str, name: str, window: str = "1m") -> Query:
+    """Mean ISL (``mean_isl``) or OSL (``mean_osl``) in tokens over the window, for all
+    services: the token rate over the request rate of the pods that see it. NaN when idle."""
+    role, tokens, requests = LENGTHS[name]
+    m, sel = METRICS[engine], _sel(role)
+    return Query((engine, role, name, 0.0),
+                 f"sum by ({BY}) (rate({m[tokens]}{sel}[{window}])) / sum by ({BY}) (rate({m[requests]}_count{sel}[{window}]))")
+
+
+def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:
+    """A secondary signal (``queueDepth``, ``kvCacheUsage``): the engine gauge
+    averaged over the window and over the pool's pods, for all services."""
+    gauge = METRICS[engine][SECONDARY[metric][0]]
+    return Query((engine, role, metric, 0.0), f"avg by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
+
+
+def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
+                 secondaries: Iterable[str] = ()) -> dict[str, Query]:
+    """Every query of one (engine, role), by what it feeds: ``quantile``, ``rate``,
+    ``demand``, the mean lengths the pool's capacity needs, and the Observation
+    field of each secondary signal asked for (none unless some service wants it)."""
+    quant, rate = latency_queries(engine, role, quantile, window)
+    out = {"quantile": quant, "rate": rate, "demand": demand_query(engine, role, window)}
+    out.update({name: mean_length_query(engine, name, window) for name in CAPACITY_INPUTS[role]})
+    out.update({SECONDARY[m][1]: secondary_query(engine, role, m, window) for m in sorted(set(secondaries))})
+    return out
 
 
 def by_service(result: list[dict]) -> dict[tuple[str, str], float]:
@@ -96,22 +148,31 @@ def by_service(result: list[dict]) -> dict[tuple[str, str], float]:
 
 @dataclass(frozen=True)
 class Observation:
+    """What Prometheus saw of one pool of one service; None: no data."""
+
     observed: float | None  # seconds; 0.0 when idle; None when no data
     demand: float | None
+    mean_isl: float | None = None  # mean prompt tokens per request (prefill pods)
+    mean_osl: float | None = None  # mean generated tokens per request (decode pods)
+    queue: float | None = None     # waiting requests per replica
+    kv_usage: float | None = None  # KV-cache usage fraction 0..1 per replica
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def observations(quantiles: dict[tuple[str, str], float], rates: dict[tuple[str, str], float],
-                 demand: dict[tuple[str, str], float] | None = None) -> dict[tuple[str, str], Observation]:
-    """Combine the quantile, rate and demand results of one (engine, role)."""
+                 demand: dict[tuple[str, str], float] | None = None,
+                 extra: Mapping[str, dict[tuple[str, str], float]] | None = None) -> dict[tuple[str, str], Observation]:
+    """Combine the results of one (engine, role): quantile, rate, demand and
+    ``extra`` (Observation field -> results: mean lengths, secondary signals;
+    NaN, e.g. a length while idle, is no data)."""
     out = {}
     for key in set(quantiles) | set(rates):
         rate = rates.get(key)
-        q = quantiles.get(key)
-        if rate is not None and rate == 0:
-            observed = 0.0  # idle: a real signal, not missing data
-        elif q is None or math.isnan(q) or math.isinf(q):
-            observed = None
-        else:
-            observed = q
-        out[key] = Observation(observed, (demand or {}).get(key))
+        # idle: a real signal, not missing data; NaN (no samples) or no series: no data
+        observed = 0.0 if rate is not None and rate == 0 else _finite(quantiles.get(key))
+        more = {name: _finite(values.get(key)) for name, values in (extra or {}).items()}
+        out[key] = Observation(observed, (demand or {}).get(key), **more)
     return out
