@@ -123,9 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
-    from .autoscale.bench import add_parser as add_autoscale_bench_parser
+    from .simulate.bench import add_parser as add_autoscale_bench_parser
 
     add_autoscale_bench_parser(sub)
+    from .simulate.simulate import add_parser as add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

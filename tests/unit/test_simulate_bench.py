@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pd_operator.autoscale import bench
-from pd_operator.autoscale.trace import REFERENCE, TRACES, Surge
+from pd_operator.simulate import bench
+from pd_operator.simulate.trace import REFERENCE, TRACES, Surge
 
 SMOKE = replace(REFERENCE, start_h=19.9, hours=0.5, rate_scale=0.2)
 
@@ -41,3 +41,19 @@ def test_deterministic_for_a_seed():
     a = bench.run_policy(SMOKE, bench.HPA(init))
     b = bench.run_policy(SMOKE, bench.HPA(init))
     assert (a.goodput, a.gpu_hours, a.actions, a.ttft_p99, a.per_min) == (b.goodput, b.gpu_hours, b.actions, b.ttft_p99, b.per_min)
+
+
+def test_pd_operator_policy_is_the_operators_code_path():
+    """The benchmark's pd-operator policy is plan_service on a validated PDInferenceService
+    with the benchmark's settings (min 1, max 32 per pool, 48 GPUs, 30 s, default targets)."""
+    svc = bench.reference_service()
+    for pool in (svc.spec.prefill, svc.spec.decode):
+        a = pool.autoscaling
+        assert a.enabled and (a.min_replicas, a.max_replicas, a.tolerance) == (1, bench.MAX_PER_POOL, 0.1)
+        assert pool.tensor_parallel_size == 1 and svc.spec.model.name == "Qwen/Qwen3-8B"
+    assert svc.spec.autoscaling.max_total_gpus == bench.BUDGET and svc.spec.autoscaling.interval == "30s"
+    policy = bench.make_policy("pd-operator", {"prefill": 1, "decode": 1}, None, None, 27_500.0, None, None, 6_120.0)
+    assert isinstance(policy, bench.PdOperator) and policy.interval == 30.0
+    r = bench.run_policy(replace(SMOKE, hours=0.25), policy)
+    assert r.requests > 1000 and policy.reasons  # it scaled, through plan_service, with reasons
+    assert all(role in ("prefill", "decode") and "->" in why for _, role, why in policy.reasons)

@@ -2,27 +2,33 @@
 
 Deterministic and accelerated (virtual time).  Every policy runs on the same
 trace (same arrivals, same lengths), the same simulated PD fleet
-(:mod:`.benchsim`: H200 cost model, TP 1, RDMA 50 GB/s + 1 ms), the same pod
+(:mod:`.fleet`: H200 cost model, TP 1, RDMA 50 GB/s + 1 ms), the same pod
 start delay (120 s), the same control interval (30 s) and sees the fleet as
 Prometheus would (15-s scrapes, quantiles of a 1-minute rate window).
+pd-operator's policy is the operator's own code path: a PDInferenceService
+and :func:`~pd_operator.autoscale.plan.plan_service`.
 Method, definitions and results: tests/benchmarks/README.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
 from dataclasses import dataclass, replace
 
-from ..api.models import DecodeAutoscaling, PrefillAutoscaling
+from ..api import validate_service
+from ..api.models import PDInferenceService, duration_seconds
+from ..autoscale.capacity import decode_mean_context, decode_streams, decode_tokens_per_s, prefill_tokens_per_s
+from ..autoscale.decide import Event, History, PoolState
+from ..autoscale.plan import ROLES, PoolInput, plan_service
+from ..autoscale.promql import Observation
+from ..sim.clock import VirtualClock
 from ..sim.costmodel import LINKS, CostModel
 from ..sim.engine import Engine, SimRequest
-from ..sim.clock import VirtualClock
-from .benchsim import ITL_SLO, TTFT_SLO, BenchFleet, Scraper
-from .capacity import decode_mean_context, decode_streams, decode_tokens_per_s, prefill_tokens_per_s
-from .decide import Event, History, PoolClaim, PoolState, Signal, decide, share_budget
+from .fleet import ITL_SLO, TTFT_SLO, BenchFleet, Scraper
 from .trace import TRACES, Trace
 
 SCRAPE = 15.0
@@ -30,6 +36,57 @@ INTERVAL = 30.0
 START_DELAY = 120.0
 MAX_PER_POOL = 32
 BUDGET = 48  # GPUs, for every policy that has a budget
+
+
+def reference_manifest(max_per_pool: int = MAX_PER_POOL, budget: int = BUDGET) -> dict:
+    """The benchmark's service as a PDInferenceService manifest: Qwen3-8B on H200, TP 1, both
+    pools autoscaled with the default targets and behaviour (p99 TTFT 1 s, p99 ITL 50 ms,
+    tolerance 0.1, HPA's defaults), min 1, max ``max_per_pool``, ``maxTotalGPUs`` =
+    ``budget``, interval 30 s."""
+    pool = {"tensorParallelSize": 1, "gpuProduct": "NVIDIA-H200",
+            "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": max_per_pool}}
+    return {
+        "apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService",
+        "metadata": {"name": "autoscale-bench", "namespace": "bench"},
+        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"},
+                 "prefill": json.loads(json.dumps(pool)), "decode": json.loads(json.dumps(pool)),
+                 "autoscaling": {"prometheus": {"url": "http://prometheus.monitoring.svc:9090"},
+                                 "interval": f"{INTERVAL:g}s", "maxTotalGPUs": budget}},
+    }
+
+
+def reference_service(max_per_pool: int = MAX_PER_POOL, budget: int = BUDGET) -> PDInferenceService:
+    """:func:`reference_manifest`, validated as the operator does."""
+    return validate_service(reference_manifest(max_per_pool, budget))
+
+
+_OBS_FIELDS = {f.name for f in dataclasses.fields(Observation)}
+
+
+def observe(prom: Scraper, role: str, quantile: float, decode_demand: str = "tokens",
+            secondaries=("queueDepth", "kvCacheUsage")) -> Observation:
+    """What the operator's queries (``autoscale/promql.py``, window 1 min) return for one pool,
+    from the scrapes: the pool's latency quantile (0 when idle); demand (prefill: prompt
+    tokens/s; decode: generated tokens/s); the mean ISL (prompt tokens / prefill requests)
+    and OSL (generated tokens / requests finished on decode), None when idle; and the
+    secondary signals in ``secondaries`` (per-replica waiting requests ``queue`` and KV-cache
+    usage ``kv_usage``, averaged over the pods and the window), None otherwise.
+    ``decode_demand`` = ``running`` / ``running+waiting``: the benchmark's historical variants."""
+    observed = prom.quantile("ttft" if role == "prefill" else "itl", quantile)
+    if role == "prefill":
+        demand = prom.rate("prompt_tokens")
+    elif decode_demand == "tokens":
+        demand = prom.rate("gen_tokens")
+    else:
+        demand = prom.gauge_sum("running", "decode")
+        if decode_demand == "running+waiting":
+            demand += prom.gauge_sum("waiting", "decode")
+    extra = {"mean_isl": prom.ratio("prompt_tokens", "ttft_count"),
+             "mean_osl": prom.ratio("gen_tokens", "decoded"),
+             "queue": prom.gauge_avg_over_time("waiting", role) if "queueDepth" in secondaries else None,
+             "kv_usage": prom.gauge_avg_over_time("kv_usage", role) if "kvCacheUsage" in secondaries else None}
+    # the fields promql.Observation has (mean_isl, mean_osl, queue, kv_usage: optional, default None)
+    return Observation(observed, demand, **{k: v for k, v in extra.items() if k in _OBS_FIELDS})
 
 
 # --------------------------------------------------------------------------- policies
@@ -72,48 +129,53 @@ class Scheduled(Policy):
 
 
 class PdOperator(Policy):
-    """pd-operator's policy as shipped: decide() per pool with default settings, then share_budget."""
+    """pd-operator's policy: the operator's own code path, ``plan_service(svc, inputs, histories, now)``
+    every ``spec.autoscaling.interval``, on what Prometheus would return (:func:`observe`).
+
+    ``capacity`` (role -> one replica's capacity in the unit of the demand, or None) goes into
+    ``PoolInput.capacity``; None leaves it to ``plan_service`` (the operator's estimate from the
+    service's model and TP and the observed mean ISL/OSL).  Pools whose autoscaling is off keep
+    their size.  Warm start: the histories hold the initial sizes, as if the autoscaler had been
+    holding them."""
 
     name = "pd-operator"
 
-    def __init__(self, init: dict, cap_prefill: float, cap_decode: float, decode_demand: str = "running",
-                 name: str = "pd-operator"):
+    def __init__(self, init: dict, capacity: dict | None = None, decode_demand: str = "tokens",
+                 name: str = "pd-operator", svc: PDInferenceService | None = None):
         self.init, self.name = init, name
-        self.decode_demand = decode_demand  # "running" (promql.demand_query), "running+waiting" or "tokens"
-        self.cap = {"prefill": cap_prefill, "decode": cap_decode}
-        self.pol = {"prefill": PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=MAX_PER_POOL),
-                    "decode": DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=MAX_PER_POOL)}
-        # warm start: as if the autoscaler had been holding the initial sizes
-        self.hist = {r: History(recommendations=[Event(0.0, init[r])]) for r in ("prefill", "decode")}
+        self.svc = svc or reference_service()
+        self.decode_demand = decode_demand
+        self.capacity = capacity or {}
+        self.interval = duration_seconds(self.svc.spec.autoscaling.interval)
+        self.hist = {r: History(recommendations=[Event(0.0, init[r])]) for r in ROLES}
         self.last_reasons: dict = {}
+        self.reasons: list = []  # (t, role, reason) of every resize
 
     def initial(self):
         return dict(self.init)
+
+    def pool(self, role: str):
+        return self.svc.spec.pool(role)
 
     def tick(self, now, fleet, prom):
         last = prom.last
         if last is None:
             return None
-        claims, decisions = [], {}
-        for role, key in (("prefill", "ttft"), ("decode", "itl")):
-            obs = prom.quantile(key, 0.99)
-            if role == "prefill":
-                demand = prom.rate("prompt_tokens")
-            else:
-                demand = float(sum(last["running"]["decode"]))
-                if self.decode_demand == "running+waiting":
-                    demand += sum(last["waiting"]["decode"])
-                elif self.decode_demand == "tokens":  # rate(generation_tokens_total[1m]), capacity in tokens/s
-                    demand = prom.rate("gen_tokens")
+        inputs = {}
+        for role in ROLES:
+            pool = self.pool(role)
             state = PoolState(replicas=fleet.replicas(role), ready=len(fleet.ready(role)), starting=fleet.starting(role))
-            sig = Signal(obs, last["t"] if obs is not None else None, demand, self.cap[role])
-            d = decide(self.pol[role], state, sig, self.hist[role], now, INTERVAL)
-            decisions[role] = d
-            target = 1.0 if role == "prefill" else 0.05
-            claims.append(PoolClaim(role, state.replicas, d.replicas, 1, (obs or 0.0) / target))
-        shared = share_budget(claims, BUDGET)
-        self.last_reasons = {r: decisions[r].reason for r in decisions}
-        return {r: shared[r][0] for r in shared}
+            obs = None
+            if pool.autoscaling.enabled:  # as the operator: only the secondary signals the pool asks for
+                wanted = {t.metric for t in getattr(pool.autoscaling, "secondary_targets", ())}
+                obs = observe(prom, role, pool.autoscaling.target.quantile, self.decode_demand, wanted)
+            inputs[role] = PoolInput(state, obs, last["t"], capacity=self.capacity.get(role))
+        decisions = plan_service(self.svc, inputs, self.hist, now)
+        self.last_reasons = {r: d.reason for r, d in decisions.items()}
+        for r, d in decisions.items():
+            if d.replicas != inputs[r].state.replicas:
+                self.reasons.append((now, r, d.reason))
+        return {r: d.replicas for r, d in decisions.items()}
 
 
 class HPA(Policy):
@@ -303,9 +365,12 @@ class Result:
 
 
 def run_policy(trace: Trace, policy: Policy, cost: CostModel | None = None, keep_samples: bool = False,
-               progress=None) -> Result:
+               progress=None, start_delay: float = START_DELAY, fleet_kw: dict | None = None) -> Result:
+    """Run ``policy`` on ``trace`` (a :class:`Trace` or a recorded one) and measure it.
+    ``fleet_kw``: more :class:`~.fleet.BenchFleet` settings (per-pool cost models and limits,
+    GPUs per replica, the SLO)."""
     t_wall = time.time()
-    fleet = BenchFleet(cost=cost, start_delay=START_DELAY, keep_samples=keep_samples)
+    fleet = BenchFleet(cost=cost, start_delay=start_delay, keep_samples=keep_samples, **(fleet_kw or {}))
     init = policy.initial()
     for role, n in init.items():
         fleet.scale_to(role, n, ready_now=True)
@@ -468,7 +533,7 @@ def table_md(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def write_png(path: str, trace: Trace, results: list[Result]) -> None:
+def write_png(path: str, trace: Trace, results: list[Result], title: str = "AUTOSCALING BENCHMARK") -> None:
     from ..bench.plot import BLACK, GREY, Canvas
 
     colors = {"oracle": (0, 0, 0), "pd-operator": (31, 119, 180), "hpa": (214, 39, 40), "dynamo": (44, 160, 44),
@@ -518,7 +583,7 @@ def write_png(path: str, trace: Trace, results: list[Result]) -> None:
             prev = (x, y)
 
     top = 60
-    cv.text(left, 10, f"AUTOSCALING BENCHMARK: {trace.hours:g} H FROM {trace.start_h:g}H - SPEED {trace.speed:g}")
+    cv.text(left, 10, f"{title}: {trace.hours:g} H FROM {trace.start_h:g}H - SPEED {trace.speed:g}")
     x = left
     for r in results:
         c = colors.get(r.name, BLACK)
@@ -550,13 +615,15 @@ def write_png(path: str, trace: Trace, results: list[Result]) -> None:
 
 def make_policy(name: str, init, peak, mean, cap_p, cap_d, prof, cap_d_tok=None) -> Policy:
     if name == "pd-operator":  # as shipped: decode demand = generation tokens/s (promql.demand_query)
-        return PdOperator(init, cap_p, cap_d_tok, decode_demand="tokens")
+        return PdOperator(init, {"prefill": cap_p, "decode": cap_d_tok})
     if name == "pd-operator-streams":  # the first version: decode demand = running streams
-        return PdOperator(init, cap_p, cap_d, name=name)
+        return PdOperator(init, {"prefill": cap_p, "decode": cap_d}, decode_demand="running", name=name)
     if name == "pd-operator-waiting":  # decode demand = running + waiting (not what promql.demand_query sends)
-        return PdOperator(init, cap_p, cap_d, decode_demand="running+waiting", name=name)
+        return PdOperator(init, {"prefill": cap_p, "decode": cap_d}, decode_demand="running+waiting", name=name)
     if name == "pd-operator-tokens":  # decode demand = generation tokens/s, capacity tokens/s per replica
-        return PdOperator(init, cap_p, cap_d_tok, decode_demand="tokens", name=name)
+        return PdOperator(init, {"prefill": cap_p, "decode": cap_d_tok}, name=name)
+    if name == "pd-operator-estimated":  # capacity left to plan_service's own estimate (PoolInput.capacity None)
+        return PdOperator(init, None, name=name)
     if name == "static-peak":
         return Static(name, peak["prefill"], peak["decode"])
     if name == "static-mean":
@@ -640,6 +707,8 @@ def run_all(trace: Trace, out: str | None = None, policies: list[str] | None = N
                         "gpu_budget": BUDGET},
             "pd_operator_capacity": {"prefill_tokens_per_s": cap_p, "decode_streams": cap_d,
                                      "decode_tokens_per_s": cap_d_tok},
+            # pd-operator's rows: plan_service() on this PDInferenceService (defaults filled in by validation)
+            "pd_operator_spec": reference_manifest()["spec"],
             "oracle": {"goal": goal, "search": tried, "peak": peak, "mean": mean, "need": need},
             "dynamo_profile": {"prefill_tokens_per_s_per_gpu": prof[0], "decode_tokens_per_s_per_gpu": prof[1]},
             "results": [{k: getattr(r, k) for k in ("name", "goodput", "ttft_p99", "itl_p99", "itl_req_p99", "gpu_hours",
@@ -668,7 +737,9 @@ def add_parser(sub) -> None:
     p.add_argument("--speed", type=float, default=1.0, help="compress the day's shape by this factor (delays unchanged)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every rate (a quick smoke run)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--policies", help="comma-separated subset of pd-operator,static-peak,static-mean,hpa,dynamo")
+    p.add_argument("--policies", help="comma-separated subset of pd-operator,static-peak,static-mean,hpa,dynamo "
+                   "(default: all five); also pd-operator-estimated (capacity left to plan_service's own estimate), "
+                   "pd-operator-streams, pd-operator-waiting, pd-operator-tokens (earlier variants)")
     p.add_argument("--goal", type=float, default=0.99, help="oracle goodput goal (default 0.99)")
     p.add_argument("--jobs", type=int, default=2, help="policies simulated in parallel (processes; default 2)")
     p.add_argument("--oracle-json", help="reuse the oracle (schedule and row) of an earlier run's JSON")

@@ -1,4 +1,4 @@
-"""A PD fleet for the autoscaling benchmark, fast enough for a simulated day.
+"""A simulated PD fleet fast enough for a day of traffic (``pdctl autoscale-bench``, ``pdctl simulate``).
 
 Prefill instances are the simulator's own :class:`~pd_operator.sim.engine.Engine`
 (role ``prefill``; a few steps per request).  Decode instances are
@@ -18,13 +18,20 @@ What the benchmark measures:
 * client side, per request: TTFT (client arrival -> first token from the
   decode instance, so it includes prefill queueing, the transfer and decode
   admission), mean ITL = (last - first token) / (tokens - 1); good when
-  TTFT < 1 s and mean ITL < 50 ms; per-token ITLs into a fine histogram;
+  TTFT < the TTFT SLO and mean ITL < the ITL SLO (default 1 s and 50 ms);
+  per-token ITLs into a fine histogram;
 * Prometheus side (:class:`Scraper`): every 15 s, per pool, the cumulative
   histogram buckets of the engines' own ``time_to_first_token_seconds``
   (prefill) and ``inter_token_latency_seconds`` (decode) with vLLM's buckets,
-  ``prompt_tokens_total``, and the gauges ``num_requests_running`` /
-  ``num_requests_waiting`` per pod.  ``histogram_quantile(q, rate(..[1m]))``
+  ``prompt_tokens_total``, ``generation_tokens_total``, the count of requests
+  finished on decode (``e2e_request_latency_seconds_count``), and the gauges
+  ``num_requests_running`` / ``num_requests_waiting`` / ``kv_cache_usage_perc``
+  per pod.  ``histogram_quantile(q, rate(..[1m]))``
   is computed as Prometheus does (linear interpolation in the bucket).
+
+The two pools may have different cost models (model shape and tensor
+parallelism per pool) and engine limits (``max_num_seqs``,
+``max_batched_tokens``); GPU-seconds count ``gpus_per_replica`` per pod.
 """
 
 from __future__ import annotations
@@ -137,7 +144,8 @@ def histogram_quantile(q: float, bounds, delta: list[float]) -> float:
 class ClientStats:
     """What clients see, aggregated (a day has ~1.7 M requests: no per-request list)."""
 
-    def __init__(self, t0: float = 0.0):
+    def __init__(self, t0: float = 0.0, ttft_slo: float = TTFT_SLO, itl_slo: float = ITL_SLO):
+        self.ttft_slo, self.itl_slo = ttft_slo, itl_slo
         self.n = 0
         self.good = 0
         self.ttft = FineHist(0.001, 200_000)      # 1 ms bins to 200 s
@@ -148,7 +156,7 @@ class ClientStats:
 
     def record(self, arrival: float, ttft: float, mean_itl: float | None, keep: bool = False) -> None:
         self.n += 1
-        ok = ttft < TTFT_SLO and (mean_itl is None or mean_itl < ITL_SLO)
+        ok = ttft < self.ttft_slo and (mean_itl is None or mean_itl < self.itl_slo)
         self.good += ok
         c = self.ttft.c
         c[min(int(ttft * 1000), 200_000)] += 1
@@ -178,13 +186,13 @@ class FastDecode:
     def __init__(self, fleet: "BenchFleet", name: str):
         self.fleet = fleet
         self.clock: VirtualClock = fleet.clock
-        cost: CostModel = fleet.cost
+        cost: CostModel = fleet.costs["decode"]
         self.cost = cost
         self.name = name
         self.a = cost.decode_fixed_ms() / 1e3
         self.b = cost.eff.decode_per_seq_ms / 1e3
         self.c = cost.eff.decode_kv_ms_per_token * cost._kv / 1e3
-        self.max_num_seqs = fleet.max_num_seqs
+        self.max_num_seqs = fleet.limits["decode"][0]
         self.kv_capacity = cost.kv_capacity_tokens()
         self.link = fleet.link
         self.waiting: collections.deque = collections.deque()
@@ -217,6 +225,10 @@ class FastDecode:
     @property
     def idle(self) -> bool:
         return not (self.B or self.joiners or self.n_transfer or self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used / self.kv_capacity if self.kv_capacity else 0.0
 
     def add(self, r: DReq) -> None:
         if r.reserve > self.kv_capacity:
@@ -340,18 +352,31 @@ class Pod:
 
 
 class BenchFleet:
-    """PD fleet with pods that take ``start_delay`` to become Ready and drain on removal."""
+    """PD fleet with pods that take ``start_delay`` to become Ready and drain on removal.
+
+    ``cost`` is both pools' cost model unless ``decode_cost`` is given (a decode
+    pool with another tensor-parallel size); ``max_num_seqs`` /
+    ``max_batched_tokens`` apply to both pools unless ``limits`` gives them per
+    role (``{"prefill": (seqs, tokens), "decode": (seqs, tokens)}``);
+    ``gpus_per_replica`` per role (default 1) weighs the GPU-seconds."""
 
     def __init__(self, cost: CostModel | None = None, link: Link = LINKS["rdma"], start_delay: float = 120.0,
-                 max_num_seqs: int = 256, max_batched_tokens: int = 8192, keep_samples: bool = False):
+                 max_num_seqs: int = 256, max_batched_tokens: int = 8192, keep_samples: bool = False,
+                 decode_cost: CostModel | None = None, limits: dict | None = None,
+                 gpus_per_replica: dict | None = None, ttft_slo: float = TTFT_SLO, itl_slo: float = ITL_SLO):
         self.clock = VirtualClock()
         self.cost = cost or CostModel()
+        self.costs = {"prefill": self.cost, "decode": decode_cost or self.cost}
         self.link = link
         self.start_delay = start_delay
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
+        self.limits = {"prefill": (max_num_seqs, max_batched_tokens), "decode": (max_num_seqs, max_batched_tokens)}
+        self.limits.update(limits or {})
+        self.gpus = {"prefill": 1, "decode": 1}
+        self.gpus.update(gpus_per_replica or {})
         self.keep_samples = keep_samples
-        self.stats = ClientStats()
+        self.stats = ClientStats(ttft_slo=ttft_slo, itl_slo=itl_slo)
         self.pods: dict[str, list[Pod]] = {"prefill": [], "decode": []}   # ready or starting, in order
         self.draining: list[Pod] = []
         self.gpu_seconds = 0.0
@@ -360,6 +385,7 @@ class BenchFleet:
         self.arrived = 0
         self.arrived_prompt = 0
         self.arrived_output = 0
+        self.decoded = 0  # requests finished on decode (the count of its e2e_request_latency_seconds)
         self._seq = itertools.count()
         # dead pools' counters stay in the pool totals (Prometheus sum(rate()) over pods, ignoring resets)
         self.dead_ttft = PromHist(TTFT_BUCKETS)
@@ -380,10 +406,14 @@ class BenchFleet:
         if pod.removed is not None:
             return
         if pod.role == "prefill":
-            pod.engine = Engine(self.clock, self.cost, "prefill", max_num_seqs=self.max_num_seqs,
-                                max_batched_tokens=self.max_batched_tokens, link=self.link, sink=PrefillSink())
+            seqs, tokens = self.limits["prefill"]
+            pod.engine = Engine(self.clock, self.costs["prefill"], "prefill", max_num_seqs=seqs,
+                                max_batched_tokens=tokens, link=self.link, sink=PrefillSink())
         else:
             pod.engine = FastDecode(self, f"decode-{next(self._seq)}")
+
+    def _pay(self, pod: Pod, now: float) -> None:
+        self.gpu_seconds += (now - pod.ordered) * self.gpus[pod.role]
 
     def scale_to(self, role: str, n: int, ready_now: bool = False) -> None:
         now = self.clock.now()
@@ -402,7 +432,7 @@ class BenchFleet:
             pod = pods.pop()
             pod.removed = now
             if pod.engine is None:
-                self.gpu_seconds += now - pod.ordered
+                self._pay(pod, now)
             else:
                 self.draining.append(pod)
 
@@ -414,7 +444,7 @@ class BenchFleet:
             e = pod.engine
             empty = (e.idle if isinstance(e, FastDecode) else not (e.running or e.waiting or e.transferring))
             if empty:
-                self.gpu_seconds += now - pod.ordered
+                self._pay(pod, now)
                 if isinstance(e, FastDecode):
                     self.dead_itl = _merge(self.dead_itl, e.itl_hist)
                 else:
@@ -428,13 +458,13 @@ class BenchFleet:
         now = self.clock.now()
         for role in self.pods:
             for pod in self.pods[role]:
-                self.gpu_seconds += now - pod.ordered
+                self._pay(pod, now)
         for pod in self.draining:
-            self.gpu_seconds += now - pod.ordered
+            self._pay(pod, now)
         self.draining = []
 
     def gpus_now(self) -> int:
-        return len(self.pods["prefill"]) + len(self.pods["decode"]) + len(self.draining)
+        return sum(self.gpus[p.role] for p in self.pods["prefill"] + self.pods["decode"] + self.draining)
 
     # ---- requests -----------------------------------------------------------------
     def submit(self, isl: int, osl: int) -> None:
@@ -460,6 +490,7 @@ class BenchFleet:
             pass
 
     def finished(self, r: DReq, mean_itl: float | None) -> None:
+        self.decoded += 1
         self.stats.record(r.arrival, r.first_token - r.arrival, mean_itl, self.keep_samples)
 
     # ---- Prometheus view -------------------------------------------------------------
@@ -492,8 +523,10 @@ class BenchFleet:
             "itl": itl, "itl_sum": itl_sum, "itl_count": itl_cnt,
             "waiting": {"prefill": [e.num_waiting for e in ready_p], "decode": [e.num_waiting for e in ready_d]},
             "running": {"prefill": [e.num_running for e in ready_p], "decode": [e.num_running for e in ready_d]},
+            "kv_usage": {"prefill": [e.kv_usage for e in ready_p], "decode": [e.kv_usage for e in ready_d]},
             "gen_tokens": self.gen_tokens,
             "arrived": self.arrived, "arrived_prompt": self.arrived_prompt, "arrived_output": self.arrived_output,
+            "decoded": self.decoded,
         }
 
 
@@ -545,3 +578,26 @@ class Scraper:
         if s1 is None or s0 is None or s0 is s1:
             return None
         return (s1[key] - s0[key]) / (s1["t"] - s0["t"])
+
+    def ratio(self, num: str, den: str, window: float = 60.0) -> float | None:
+        """``rate(num[window]) / rate(den[window])`` (e.g. a histogram's sum / count: a mean); None when
+        ``den`` did not move (PromQL's NaN)."""
+        s1, s0 = self.last, self.ago(window)
+        if s1 is None or s0 is None or s0 is s1:
+            return None
+        d = s1[den] - s0[den]
+        return (s1[num] - s0[num]) / d if d > 0 else None
+
+    def gauge_sum(self, key: str, role: str) -> float | None:
+        """``sum(gauge{role})`` at the last scrape (None without a scrape)."""
+        return float(sum(self.last[key][role])) if self.last else None
+
+    def gauge_avg_over_time(self, key: str, role: str, window: float = 60.0) -> float | None:
+        """``avg(avg_over_time(gauge{role}[window]))``: the pods' average over the scrapes of the
+        window (the left end excluded, as Prometheus' range selectors do); None without a pod."""
+        if not self.scrapes:
+            return None
+        t1 = self.scrapes[-1]["t"]
+        per_scrape = [sum(s[key][role]) / len(s[key][role]) for s in self.scrapes
+                      if s["t"] > t1 - window + 1e-6 and s[key][role]]
+        return sum(per_scrape) / len(per_scrape) if per_scrape else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from pd_operator.autoscale.benchsim import BenchFleet, DReq, FastDecode
+from pd_operator.simulate.fleet import BenchFleet, DReq, FastDecode
 from pd_operator.sim.clock import VirtualClock
 from pd_operator.sim.costmodel import CostModel
 from pd_operator.sim.engine import Engine, SimRequest
