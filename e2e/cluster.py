@@ -101,6 +101,7 @@ def bin_dirs() -> dict[str, Path]:
         "etcd": b / f"etcd-{v['ETCD_VERSION']}",
         "kwok": b / f"kwok-{v['KWOK_VERSION']}",
         "helm": b / f"helm-{v['HELM_VERSION']}",
+        "prometheus": b / f"prometheus-{v['PROMETHEUS_VERSION']}",
     }
 
 
@@ -110,6 +111,7 @@ def binary(name: str) -> Path:
         "kube-apiserver": d["k8s"], "kube-controller-manager": d["k8s"],
         "kube-scheduler": d["k8s"], "kubectl": d["k8s"], "etcd": d["etcd"],
         "kwok": d["kwok"], "kwokctl": d["kwok"], "helm": d["helm"],
+        "prometheus": d["prometheus"], "promtool": d["prometheus"],
     }[name]
     return where / name
 

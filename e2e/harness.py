@@ -119,6 +119,8 @@ class PodProcess:
     log_path: Path
     proc: subprocess.Popen
     http_port: int | None
+    prestop_seconds: float = 0.0   # the container's preStop sleep
+    grace_seconds: float = 30.0    # the pod's terminationGracePeriodSeconds
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
@@ -145,6 +147,7 @@ class Harness:
         self.core = client.CoreV1Api(self.api)
         self.procs: dict[str, PodProcess] = {}  # by pod uid
         self.exited: list[PodProcess] = []
+        self.draining: list[PodProcess] = []  # pods gone, processes in their preStop/grace period
         self.errors: list[str] = []  # pods whose process could not even be started
         self._failed: set[str] = set()
         self._lock = threading.RLock()
@@ -168,12 +171,13 @@ class Harness:
         if self._thread:
             self._thread.join(timeout=30)
         with self._lock:
-            procs = list(self.procs.values())
+            procs = list(self.procs.values()) + self.draining
             for pp in procs:  # SIGTERM all first: their grace periods run in parallel
                 self._signal(pp, signal.SIGTERM, "harness stopped")
             for pp in procs:
                 self._terminate(pp, "harness stopped", signalled=True)
             self.procs.clear()
+            self.draining.clear()
         self.api.close()
 
     def __enter__(self) -> Self:
@@ -239,10 +243,11 @@ class Harness:
             want[pod.metadata.uid] = pod
         with self._lock:
             # stop first: a new pod may get the IP of one that just went away
+            self.draining = [pp for pp in self.draining if pp.alive()]
             for uid, pp in list(self.procs.items()):
                 if uid not in want:
-                    self._terminate(pp, "pod gone")
                     del self.procs[uid]
+                    self._drain(pp)
                 elif not pp.alive():
                     log(f"{pp.pod}: process exited with {pp.proc.returncode} (see {pp.log_path})")
                     self.exited.append(pp)
@@ -264,6 +269,10 @@ class Harness:
     def _start_pod(self, pod) -> PodProcess:
         name, role, ip = pod.metadata.name, pod.metadata.labels[ROLE_LABEL], pod.status.pod_ip
         container = pod.spec.containers[0]
+        for old in [pp for pp in self.draining if pp.ip == ip and pp.alive()]:
+            # kwok handed a draining pod's IP to a new pod (a kubelet would not free it
+            # before the old sandbox is gone): the old process must give way
+            self._signal(old, signal.SIGKILL, f"IP {ip} reused by {name}")
         env = self.container_env(pod, container)
         argv = [expand(a, env) for a in [*(container.command or []), *(container.args or [])]]
         if not argv:
@@ -288,7 +297,10 @@ class Harness:
                                 cwd=self.log_dir, start_new_session=True)
         fh.close()
         log(f"{name} ({role}) on {ip}: pid {proc.pid}")
-        return PodProcess(name, pod.metadata.uid, role, ip, argv, env, log_path, proc, http_port)
+        return PodProcess(name, pod.metadata.uid, role, ip, argv, env, log_path, proc, http_port,
+                          prestop_seconds=prestop_sleep(container),
+                          grace_seconds=float(pod.spec.termination_grace_period_seconds
+                                              if pod.spec.termination_grace_period_seconds is not None else 30))
 
     def router_argv(self, argv: list[str], ip: str) -> list[str]:
         """python3 -> the router venv's python; 0.0.0.0 binds -> the pod IP."""
@@ -401,6 +413,26 @@ class Harness:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pp.proc.pid, sig)  # its own session: the whole process group
 
+    def _drain(self, pp: PodProcess) -> None:
+        """What the kubelet does with a deleted pod, without blocking the loop:
+        the preStop sleep (the router, watching the pods, stops sending it work
+        meanwhile), then SIGTERM, then SIGKILL when the grace period (counted from
+        the deletion, preStop included) is over."""
+        self.draining.append(pp)
+
+        def run() -> None:
+            log(f"{pp.pod}: pod gone: preStop {pp.prestop_seconds:g}s, grace {pp.grace_seconds:g}s")
+            if self._stop.wait(min(pp.prestop_seconds, pp.grace_seconds)):
+                return  # the harness is stopping: stop() terminates it
+            self._signal(pp, signal.SIGTERM, "preStop done")
+            left = max(0.0, pp.grace_seconds - pp.prestop_seconds)
+            try:
+                pp.proc.wait(left)
+            except subprocess.TimeoutExpired:
+                self._signal(pp, signal.SIGKILL, "grace period over")
+
+        threading.Thread(target=run, name=f"drain-{pp.pod}", daemon=True).start()
+
     def _terminate(self, pp: PodProcess, why: str, signalled: bool = False) -> None:
         """SIGTERM (as the kubelet does), SIGKILL after the grace period."""
         if not pp.alive():
@@ -413,6 +445,17 @@ class Harness:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pp.proc.pid, signal.SIGKILL)
             pp.proc.wait(10)
+
+
+def prestop_sleep(container) -> float:
+    """Seconds of the container's ``lifecycle.preStop.sleep`` hook (0: none).
+    Only the sleep action is emulated; an exec or httpGet hook is refused."""
+    hook = container.lifecycle.pre_stop if container.lifecycle else None
+    if hook is None:
+        return 0.0
+    if hook.sleep is not None:
+        return float(hook.sleep.seconds)
+    raise ValueError(f"preStop hook {hook} is not emulated (only sleep is)")
 
 
 def admin_cluster(kubeconfig: str) -> tuple[str, str]:

@@ -12,6 +12,19 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
 
+def prometheus_binary(name: str = "prometheus") -> str | None:
+    """prometheus or promtool as e2e/controlplane/build.sh builds them (with
+    kubernetes_sd, which Debian's package lacks); else the one on PATH."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("pd_e2e_cluster_paths", ROOT / "e2e" / "cluster.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    built = mod.binary(name)
+    return str(built) if built.is_file() else shutil.which(name)
+
+
 def minimal(kind: str = "vllm", **spec) -> dict:
     """The smallest valid PDInferenceService, with spec fields overridden."""
     obj = {

@@ -17,17 +17,12 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/python -m pip install --quiet -e '.[test]'
 
-# Real Prometheus (Debian package): promtool checks the chart's alert rules
-# and dashboard queries; the autoscaling e2e scrapes the simulated engines.
-if ! command -v promtool >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  systemctl disable --now prometheus >/dev/null 2>&1 || true  # tests start their own
-fi
-
 # The real control plane (kube-apiserver, etcd, scheduler, controller-manager,
-# kwok, helm) from Go modules; a no-op when the cache has it.
-if [[ -z "${KUBECONFIG:-}" ]]; then
-  e2e/controlplane/build.sh
-fi
+# kwok, helm) and Prometheus (prometheus, promtool: the chart's rules, the
+# autoscaler's queries, the closed-loop e2e) from Go modules; a no-op when the
+# cache has them. Prometheus is needed even against an external cluster.
+e2e/controlplane/build.sh
+eval "$(e2e/controlplane/build.sh --print | grep '^PROMETHEUS_BIN_DIR=')"
+export PATH="$PROMETHEUS_BIN_DIR:$PATH"
 
 exec .venv/bin/python -m pytest "$@"

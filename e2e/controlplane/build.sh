@@ -14,6 +14,7 @@
 #     etcd-<v>/etcd
 #     kwok-<v>/{kwok,kwokctl}
 #     helm-<v>/helm
+#     prometheus-<v>/{prometheus,promtool}
 # Each directory is built in a temporary sibling and renamed into place only
 # when every binary in it linked, so an interrupted build is simply redone.
 #
@@ -32,6 +33,7 @@ K8S_DIR="$BIN_ROOT/kubernetes-$K8S_VERSION"
 ETCD_DIR="$BIN_ROOT/etcd-$ETCD_VERSION"
 KWOK_DIR="$BIN_ROOT/kwok-$KWOK_VERSION"
 HELM_DIR="$BIN_ROOT/helm-$HELM_VERSION"
+PROMETHEUS_DIR="$BIN_ROOT/prometheus-$PROMETHEUS_VERSION"
 
 export CGO_ENABLED=0
 # Never switch toolchains behind our back: if a pin needs a newer Go, fail
@@ -171,11 +173,27 @@ build_helm() {
   rm -rf "$HELM_DIR"; mv "$tmp" "$HELM_DIR"
 }
 
+build_prometheus() {
+  local tmp="$PROMETHEUS_DIR.tmp.$$" num="${PROMETHEUS_VERSION#v0.}"   # v0.316.0 -> 316.0
+  local mm="${num%%.*}"; local release="${mm:0:1}.${mm:1}.${num#*.}"      # -> 3.16.0
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  # The web UI's assets are not embedded (that needs npm and the builtinassets
+  # tag); the HTTP API, which is all the tests and the autoscaler use, is whole.
+  # Service discovery: kubernetes (and the static/file ones always built in)
+  # only, by Prometheus' own build tags; the other 25 cloud SDKs double the build.
+  GOBIN="$tmp" go install -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release -X github.com/prometheus/common/version.Branch=release" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+  rm -rf "$PROMETHEUS_DIR"; mv "$tmp" "$PROMETHEUS_DIR"
+}
+
 print_dirs() {
   echo "K8S_BIN_DIR=$K8S_DIR"
   echo "ETCD_BIN_DIR=$ETCD_DIR"
   echo "KWOK_BIN_DIR=$KWOK_DIR"
   echo "HELM_BIN_DIR=$HELM_DIR"
+  echo "PROMETHEUS_BIN_DIR=$PROMETHEUS_DIR"
 }
 
 main() {
@@ -200,6 +218,8 @@ main() {
   else timed "kwok $KWOK_VERSION" build_kwok; fi
   if have_all "$HELM_DIR" helm; then log "helm $HELM_VERSION: cached"
   else timed "helm $HELM_VERSION" build_helm; fi
+  if have_all "$PROMETHEUS_DIR" prometheus promtool; then log "prometheus $PROMETHEUS_VERSION: cached"
+  else timed "prometheus $PROMETHEUS_VERSION" build_prometheus; fi
   log "all binaries present ($((SECONDS - t0)) s total); cache size: $(du -sh "$BIN_ROOT" | cut -f1)"
   print_dirs
 }

@@ -46,9 +46,11 @@ class Rbac(_M):
     create: bool = Field(True, description="Create the ClusterRole/Role and bindings. false: bring your own.")
     scope: Literal["cluster", "namespace"] = Field(
         "cluster",
-        description="cluster: one ClusterRole for all namespaces. namespace: a Role in each of watchNamespaces "
+        description="cluster: one ClusterRole for all namespaces, with read-only nodes (the autoscaler caps a "
+                    "scale-up at what the free GPUs fit). namespace: a Role in each of watchNamespaces "
                     "(default: the release namespace); only a read-only ClusterRole for CRD and namespace "
-                    "discovery stays cluster-wide.")
+                    "discovery stays cluster-wide, and scale-ups are not capped by free GPUs (the "
+                    "Unschedulable guard still holds).")
     secret_reads: bool = Field(
         False, alias="secretReads",
         description="Let the operator get Secrets (never list): to report a missing API-key Secret in status, "

@@ -139,3 +139,13 @@ def namespace(request, core_v1) -> str:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def free_gpus(core: client.CoreV1Api, resource: str = "nvidia.com/gpu") -> dict[str, int]:
+    """node -> GPUs not requested by any unfinished pod bound to it."""
+    free = {n.metadata.name: int(n.status.allocatable.get(resource, 0)) for n in core.list_node().items}
+    for pod in core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items:
+        if pod.spec.node_name in free:
+            for c in pod.spec.containers:
+                free[pod.spec.node_name] -= int(((c.resources and c.resources.requests) or {}).get(resource, 0))
+    return free

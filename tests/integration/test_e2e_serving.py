@@ -19,6 +19,7 @@ routers' venv cannot be created (tests/sim/conftest.py:router_python()).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
@@ -86,12 +87,13 @@ def router_py() -> Path:
     return router_python()  # skips (with the reason) when the venv cannot be created
 
 
-@pytest.fixture
-def stack(kube_cluster, crd, namespace, tmp_path, router_py):  # noqa: F811 - crd: the imported fixture
+@contextlib.contextmanager
+def running_stack(kube_cluster, namespace: str, tmp_path: Path, router_py: Path, operator_env: dict | None = None,
+                  sim_opts: tuple = ()):
     """Operator + harness on the test's namespace; yields the harness."""
-    op = Operator(kube_cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
+    op = Operator(kube_cluster.kubeconfig, namespace, tmp_path / "operator.log", env=operator_env).start()
     harness = load_harness_module().Harness(kube_cluster.kubeconfig, namespace, tmp_path / "pods",
-                                            router_python=router_py)
+                                            router_python=router_py, sim_opts=sim_opts)
     harness.start()
     try:
         yield harness
@@ -102,6 +104,12 @@ def stack(kube_cluster, crd, namespace, tmp_path, router_py):  # noqa: F811 - cr
         harness.stop()
         op.stop()
         print(f"\n[logs] operator: {tmp_path / 'operator.log'}; pod processes: {tmp_path / 'pods'}")
+
+
+@pytest.fixture
+def stack(kube_cluster, crd, namespace, tmp_path, router_py):  # noqa: F811 - crd: the imported fixture
+    with running_stack(kube_cluster, namespace, tmp_path, router_py) as harness:
+        yield harness
 
 
 # ----------------------------------------------------------------- helpers

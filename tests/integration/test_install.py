@@ -103,7 +103,7 @@ def assert_minimal(admin_kubeconfig: str, subject: str, namespace: str, secret_r
     assert can_i(admin_kubeconfig, subject, "watch", "customresourcedefinitions.apiextensions.k8s.io")
     assert can_i(admin_kubeconfig, subject, "get", "secrets", "-n", namespace) == secret_reads
     for denied in (("list", "secrets", "-n", namespace), ("watch", "secrets", "-A"), ("delete", "namespaces"),
-                   ("*", "*"), ("create", "clusterroles"), ("create", "clusterrolebindings"), ("get", "nodes"),
+                   ("*", "*"), ("create", "clusterroles"), ("create", "clusterrolebindings"), ("update", "nodes"),
                    ("delete", f"{PLURAL}.{GROUP}", "-n", namespace), ("create", "pods", "-n", namespace),
                    ("escalate", "roles", "-n", namespace), ("bind", "roles", "-n", namespace),
                    ("create", "serviceaccounts", "--subresource=token", "-n", namespace), ("update", "customresourcedefinitions")):
@@ -114,6 +114,8 @@ def assert_cluster_watch(admin_kubeconfig: str, subject: str) -> None:
     """What --all-namespaces (the chart's default args) needs: cluster-wide list/watch
     of the service and every kind it watches. Not run as a process here: on a
     shared cluster it would reconcile other people's services."""
+    # nodes, read-only: the autoscaler's cap at the replicas the free GPUs fit
+    assert can_i(admin_kubeconfig, subject, "list", "nodes") and not can_i(admin_kubeconfig, subject, "patch", "nodes")
     for res in (f"{PLURAL}.{GROUP}", "pods", "services", "configmaps", "serviceaccounts", "statefulsets.apps",
                 "deployments.apps", "poddisruptionbudgets.policy", "roles.rbac.authorization.k8s.io",
                 "rolebindings.rbac.authorization.k8s.io", "networkpolicies.networking.k8s.io"):
@@ -196,6 +198,7 @@ def test_helm_namespace_scope(kube_cluster, crd, release_namespace, namespace, t
     try:
         subject = f"system:serviceaccount:{release_namespace}:{fullname}"
         assert_minimal(admin, subject, namespace, secret_reads=True)
+        assert not can_i(admin, subject, "list", "nodes")  # no cluster view in this scope: no free-GPU cap
         assert not can_i(admin, subject, "list", "pods", "-n", "default")
         assert not can_i(admin, subject, "create", "statefulsets.apps", "-n", release_namespace)
         kc = token_kubeconfig(admin, release_namespace, fullname, tmp_path / "sa.kubeconfig")

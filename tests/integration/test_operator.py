@@ -63,8 +63,9 @@ def crd(api_client):
 class Operator:
     """The operator as a child process, scoped to one namespace."""
 
-    def __init__(self, kubeconfig: str, namespace: str, log: Path):
+    def __init__(self, kubeconfig: str, namespace: str, log: Path, env: dict[str, str] | None = None):
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.env = env or {}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Operator":
@@ -72,7 +73,8 @@ class Operator:
         # Helm chart's ServiceAccount, tests/integration/test_install.py); the
         # test itself keeps the admin kubeconfig.
         kubeconfig = os.environ.get("PD_OPERATOR_KUBECONFIG") or self.kubeconfig
-        env = {**os.environ, "KUBECONFIG": kubeconfig, "PD_OPERATOR_RESYNC_SECONDS": "5", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "KUBECONFIG": kubeconfig, "PD_OPERATOR_RESYNC_SECONDS": "5", "PYTHONUNBUFFERED": "1",
+               **self.env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pd_operator", "-n", self.namespace, "--liveness-port", "0", "--metrics-port", "0"],
             env=env, stdout=self.log.open("a"), stderr=subprocess.STDOUT, cwd=REPO,

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from pd_operator.autoscale.signals import PrometheusSignals
-from tests.sim.conftest import free_port, get, loopback_host, parse_metrics, wait_http
+from tests.conftest import prometheus_binary
+from tests.sim.conftest import free_port, get, loopback_host, metric, parse_metrics, wait_http
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (tests/run.sh installs it)")
+PROMETHEUS = prometheus_binary()
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs prometheus (tests/run.sh builds it)")
 
 
-def complete(url: str, n: int) -> None:
-    for i in range(n):
-        body = json.dumps({"model": "q", "prompt": "word " * (400 + 50 * i), "max_tokens": 8}).encode()
+def complete(url: str, n: int, max_tokens: int = 8, first: int = 0) -> None:
+    """n completions with prompts of 400 + 50 i words, i from ``first``."""
+    for i in range(first, first + n):
+        body = json.dumps({"model": "q", "prompt": "word " * (400 + 50 * i), "max_tokens": max_tokens}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.status == 200
@@ -52,30 +54,35 @@ def bucket_bounds(metrics_text: str, name: str, q: float) -> tuple[float, float]
     raise AssertionError("empty histogram")
 
 
+def start_prometheus(procs, tmp_path, jobs: dict[str, list[tuple[str, int, dict]]]) -> str:
+    """Prometheus scraping every second: job -> [(host, port, labels)]; its URL once ready."""
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
+        {"job_name": job, "static_configs": [{"targets": [f"{host}:{port}"], "labels": labels} for host, port, labels in targets]}
+        for job, targets in jobs.items()]}
+    path = tmp_path / "prometheus.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    host = loopback_host()
+    port = free_port(host)
+    procs.start([PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                 f"--web.listen-address={host}:{port}"])
+    url = f"http://{host}:{port}"
+    wait_http(url + "/-/ready", timeout=30)
+    scraped(url, sum(len(t) for t in jobs.values()))  # samples before the load: rate() needs the counter's start
+    return url
+
+
+def engine_labels(service: str, role: str) -> dict:
+    return {"namespace": "team-a", "pdserving_io_service": service, "pdserving_io_role": role}
+
+
 def test_ttft_quantile_idle_and_absent(procs, tmp_path):
     busy_host, idle_host = loopback_host(), loopback_host()
     busy_port, idle_port = free_port(busy_host), free_port(idle_host)
     engine = ["vllm", "serve", "Qwen/Qwen3-8B", "--served-model-name", "q", "--port", "8000"]
     procs.sim(engine, busy_host, busy_port)
     procs.sim(engine, idle_host, idle_port)
-    prom_host = loopback_host()
-    prom_port = free_port(prom_host)
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"""
-global: {{scrape_interval: 1s}}
-scrape_configs:
-- job_name: engines
-  static_configs:
-  - targets: ["{busy_host}:{busy_port}"]
-    labels: {{namespace: team-a, pdserving_io_service: busy, pdserving_io_role: prefill}}
-  - targets: ["{idle_host}:{idle_port}"]
-    labels: {{namespace: team-a, pdserving_io_service: idle, pdserving_io_role: prefill}}
-""")
-    procs.start([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                 f"--web.listen-address={prom_host}:{prom_port}"])
-    url = f"http://{prom_host}:{prom_port}"
-    wait_http(url + "/-/ready", timeout=30)
-    scraped(url, 2)  # samples before the load: rate() needs the counter's start
+    url = start_prometheus(procs, tmp_path, {"engines": [(busy_host, busy_port, engine_labels("busy", "prefill")),
+                                                          (idle_host, idle_port, engine_labels("idle", "prefill"))]})
     complete(f"http://{busy_host}:{busy_port}", 12)
     time.sleep(3.5)
     obs = PrometheusSignals(url).pool("vllm", "prefill", 0.99, window="30s")
@@ -85,3 +92,41 @@ scrape_configs:
     assert obs[("team-a", "idle")].observed == 0.0
     assert obs[("team-a", "busy")].demand > 0  # prompt tokens/s
     assert ("team-a", "absent") not in obs
+    assert obs[("team-a", "busy")].queue is None  # secondaries: only queried when asked for
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_lengths_and_secondary_signals(procs, tmp_path, kind):
+    """Mean ISL/OSL as the engine's own counters give them, and the per-replica
+    queue and KV-cache usage of an engine that keeps requests waiting (one
+    sequence at a time), against an idle one."""
+    busy_host, idle_host = loopback_host(), loopback_host()
+    busy_port, idle_port = free_port(busy_host), free_port(idle_host)
+    if kind == "vllm":
+        engine = ["vllm", "serve", "Qwen/Qwen3-8B", "--served-model-name", "q", "--port", "8000", "--max-num-seqs", "1"]
+    else:
+        engine = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--served-model-name", "q",
+                  "--port", "8000", "--enable-metrics", "--max-running-requests", "1"]
+    procs.sim(engine, busy_host, busy_port)
+    procs.sim(engine, idle_host, idle_port)
+    # the busy engine seen as both pools of its service: prefill gives the ISL, decode the OSL
+    url = start_prometheus(procs, tmp_path, {
+        "prefill": [(busy_host, busy_port, engine_labels("busy", "prefill")), (idle_host, idle_port, engine_labels("idle", "prefill"))],
+        "decode": [(busy_host, busy_port, engine_labels("busy", "decode")), (idle_host, idle_port, engine_labels("idle", "decode"))],
+    })
+    with ThreadPoolExecutor(8) as pool:  # 8 at once into 1 slot: 7 wait
+        list(pool.map(lambda i: complete(f"http://{busy_host}:{busy_port}", 1, 64 + i, first=i), range(8)))
+    time.sleep(3.5)
+    wanted = {"queueDepth", "kvCacheUsage"}
+    signals = PrometheusSignals(url)
+    prefill = signals.pool(kind, "prefill", 0.99, window="30s", secondaries=wanted)
+    decode = signals.pool(kind, "decode", 0.99, window="30s", secondaries=wanted)
+    text = get(f"http://{busy_host}:{busy_port}/metrics")[1]
+    isl = metric(text, f"{kind}:prompt_tokens_total") / metric(text, f"{kind}:time_to_first_token_seconds_count")
+    osl = metric(text, f"{kind}:generation_tokens_total") / metric(text, f"{kind}:e2e_request_latency_seconds_count")
+    busy, idle = decode[("team-a", "busy")], decode[("team-a", "idle")]
+    assert busy.mean_isl == pytest.approx(isl, rel=0.02) == prefill[("team-a", "busy")].mean_isl
+    assert busy.mean_osl == pytest.approx(osl, rel=0.02) and 64 <= busy.mean_osl <= 71
+    assert prefill[("team-a", "busy")].mean_osl is None  # prefill capacity needs no OSL: not queried
+    assert busy.queue > 0 and busy.kv_usage > 0
+    assert (idle.mean_isl, idle.mean_osl, idle.queue, idle.kv_usage) == (None, None, 0.0, 0.0)

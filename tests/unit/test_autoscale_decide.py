@@ -209,3 +209,4 @@ def test_feedback_is_taken_above_the_latency_floor():
     # a floor at or above the target is no information: plain ratio
     odd = decide(policy, PoolState(replicas=3, ready=3), Signal(0.016, 100.0, floor=0.012), History(), 100.0)
     assert odd.replicas == 5
+

@@ -130,3 +130,41 @@ def test_secondary_rules_agree_on_generated_lists(targets):
 def test_secondary_and_capacity_bounds(autoscaling):
     with pytest.raises(SpecError):
         validate_service(spec_with(**autoscaling))
+
+
+class Book:
+    """plan.Room over a plain count of free single-GPU slots."""
+
+    def __init__(self, free: int):
+        self.free, self.taken = free, {}
+
+    def room(self, role):
+        return self.free
+
+    def take(self, role, count):
+        self.free -= count
+        self.taken[role] = count
+
+
+def test_scale_ups_fit_the_free_gpus_most_pressed_pool_first():
+    from pd_operator.api import validate_service
+    from pd_operator.autoscale.decide import History, PoolState
+    from pd_operator.autoscale.plan import PoolInput, plan_service
+    from pd_operator.autoscale.promql import Observation
+    from tests.conftest import minimal
+
+    auto = {"enabled": True, "minReplicas": 1, "maxReplicas": 10}
+    svc = validate_service(minimal(prefill={"replicas": 1, "autoscaling": auto},
+                                   decode={"replicas": 1, "autoscaling": dict(auto)}))
+    inputs = {"prefill": PoolInput(PoolState(1, 1), Observation(2.0, None), 100.0),      # 2x its target
+              "decode": PoolInput(PoolState(1, 1), Observation(0.2, None), 100.0)}       # 4x its target
+    histories = {}
+    book = Book(free=3)
+    d = plan_service(svc, inputs, histories, 100.0, book)
+    # decode (more pressure) gets its 3 more first; prefill, which wanted 1 more, gets none and is told why
+    assert (d["decode"].replicas, d["prefill"].replicas) == (4, 1)
+    assert "the free GPUs fit 0 more" in d["prefill"].reason and book.free == 0
+    assert histories["prefill"].changes == []  # the cut change is not remembered as made
+    # unknown room: no cap
+    free = plan_service(svc, inputs, {}, 100.0, None)
+    assert (free["decode"].replicas, free["prefill"].replicas) == (4, 2)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -17,7 +16,7 @@ import yaml
 
 from pd_operator import chart
 from pd_operator.api.crd import crd_yaml
-from tests.conftest import ROOT
+from tests.conftest import ROOT, prometheus_binary
 
 CHART = ROOT / "charts" / "pd-operator"
 
@@ -262,11 +261,11 @@ def test_monitoring_objects_use_real_metric_names():
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True
 
 
-PROMTOOL = shutil.which("promtool")
+PROMTOOL = prometheus_binary("promtool")
 
 
 @needs_helm
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not built (e2e/controlplane/build.sh)")
 def test_promql_parses(tmp_path):
     """The PrometheusRule and every dashboard query parse (promtool check rules)."""
     docs = template("prometheusRule.enabled=true", "dashboard.enabled=true")

@@ -25,7 +25,8 @@ The control law (docs: autoscale/README.md):
    pool whenever more than the latency fed the decision.
 4. Guards: no scale-up while pods are Unschedulable (they would only add
    Pending pods); no scale-down while pods are starting (their capacity is not
-   observed yet); min/max bounds.
+   observed yet); min/max bounds. (plan.py then caps scale-ups at what the
+   free GPUs fit, fit.py, when the caller can see the nodes.)
 5. HPA behaviour: stabilization windows (up: lowest recommendation in the
    window, down: highest) and rate-limit policies per period, selectPolicy.
 """

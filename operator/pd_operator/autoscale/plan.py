@@ -10,6 +10,7 @@ estimate at the observed mean ISL/OSL: :mod:`.capacity`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..api.models import PDInferenceService, duration_seconds
 from .capacity import Capacity, latency_floor, pool_capacity
@@ -52,8 +53,22 @@ def _signal(svc: PDInferenceService, role: str, inp: PoolInput) -> Signal:
     )
 
 
-def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], histories: dict[str, History], now: float) -> dict[str, Decision]:
-    """Decisions for the pools whose autoscaling is enabled."""
+class Room(Protocol):
+    """The GPUs free now, as the caller sees the cluster (fit.py on its nodes and pods)."""
+
+    def room(self, role: str) -> int | None:
+        """More replicas of the pool that fit on the free GPUs; None: unknown."""
+
+    def take(self, role: str, count: int) -> None:
+        """Book ``count`` more replicas of the pool."""
+
+
+def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], histories: dict[str, History], now: float,
+                 room: Room | None = None) -> dict[str, Decision]:
+    """Decisions for the pools whose autoscaling is enabled: each pool's own
+    (decide), fitted into ``maxTotalGPUs`` (share_budget), then into the GPUs
+    free now (``room``): scale-ups are granted to the pool under the most
+    pressure first, so a pool never grows into GPUs that do not exist."""
     spec = svc.spec
     interval = duration_seconds(spec.autoscaling.interval)
     decisions: dict[str, Decision] = {}
@@ -77,17 +92,33 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
         shared = share_budget(claims, budget, reserved=fixed)
         for role, (replicas, cut) in shared.items():
             if cut:
-                d = decisions[role]
-                current = inputs[role].state.replicas
-                body = d.reason.split(": ", 1)[1] if d.reason.startswith(f"{current} -> ") else d.reason
-                prefix = f"{current} -> {replicas}: " if replicas != current else ""
-                decisions[role] = Decision(replicas, f"{prefix}{body}; {cut}", d.metrics_available, d.recommendation)
-                _amend_last_change(histories[role], now, inputs[role].state.replicas, replicas)
+                _cut(decisions, histories, inputs, role, replicas, cut, now)
+    if room is not None:
+        for claim in sorted(claims, key=lambda c: -c.pressure):
+            role, current = claim.role, claim.current
+            if decisions[role].replicas <= current:
+                continue
+            fits = room.room(role)
+            if fits is not None and decisions[role].replicas > current + fits:
+                _cut(decisions, histories, inputs, role, current + fits,
+                     f"capped at {current + fits}: the free GPUs fit {fits} more replica(s)", now)
+            room.take(role, decisions[role].replicas - current)
     return decisions
 
 
+def _cut(decisions: dict[str, Decision], histories: dict[str, History], inputs: dict[str, PoolInput], role: str,
+         replicas: int, why: str, now: float) -> None:
+    """Lower a pool's scale-up to ``replicas`` for ``why``; its reason and history follow."""
+    d = decisions[role]
+    current = inputs[role].state.replicas
+    body = d.reason.split(": ", 1)[1] if d.reason.startswith(f"{current} -> ") else d.reason
+    prefix = f"{current} -> {replicas}: " if replicas != current else ""
+    decisions[role] = Decision(replicas, f"{prefix}{body}; {why}", d.metrics_available, d.recommendation)
+    _amend_last_change(histories[role], now, current, replicas)
+
+
 def _amend_last_change(history: History, now: float, before: int, after: int) -> None:
-    """The budget cut a change decide() recorded: remember what really happened."""
+    """A cut of a change decide() recorded: remember what really happened."""
     if history.changes and history.changes[-1].at == now:
         history.changes.pop()
     if after != before:

@@ -13,9 +13,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ..api import SpecError, validate_service
-from ..api.models import PDInferenceService
+from ..api.models import PDInferenceService, duration_seconds
+from ..autoscale import fit
 from ..autoscale.decide import History, PoolState
 from ..autoscale.plan import PoolInput, plan_service
 from ..autoscale.promql import Observation
@@ -26,8 +28,54 @@ from .status import merge_conditions, pool_status
 
 log = logging.getLogger(__name__)
 
-# (url, engine, role, quantile) -> {(namespace, service): Observation}
-SignalFn = Callable[[str, str, str, float], dict[tuple[str, str], Observation]]
+# (prometheus, engine, role, quantile, secondaries=frozenset of secondary metrics)
+#   -> {(namespace, service): Observation}
+SignalFn = Callable[..., dict[tuple[str, str], Observation]]
+
+
+@dataclass(frozen=True)
+class Prometheus:
+    """Where a service's signals come from. Services with the same URL and
+    token share one query per signal."""
+
+    url: str
+    token: str | None = field(default=None, repr=False)  # never logged
+
+    def __str__(self) -> str:
+        return self.url + (" (bearer token)" if self.token else "")
+
+
+class GPUView:
+    """The free GPUs of the cluster in one round (autoscale/fit.py on listed objects)."""
+
+    def __init__(self, nodes: list[dict], pods: list[dict]):
+        self.nodes, self.pods = nodes, pods
+        self.free: dict[str, dict[str, int]] = {}  # by GPU resource name
+
+    def free_gpus(self, resource: str) -> dict[str, int]:
+        if resource not in self.free:
+            self.free[resource] = fit.free_gpus(self.nodes, self.pods, resource)
+        return self.free[resource]
+
+    def for_pools(self, statefulsets: dict[str, dict], resource: str) -> "PoolRoom":
+        """The plan's view (plan.Room) for one service's pools; what it books
+        stays booked for the services decided after it in the round."""
+        return PoolRoom(self, {role: sts["spec"]["template"] for role, sts in statefulsets.items()}, resource)
+
+
+class PoolRoom:
+    def __init__(self, view: GPUView, templates: dict[str, dict], resource: str):
+        self.view, self.templates, self.resource = view, templates, resource
+
+    def room(self, role: str) -> int | None:
+        return fit.room(self.view.free_gpus(self.resource), self.view.nodes, self.templates[role], self.resource)
+
+    def take(self, role: str, count: int) -> None:
+        fit.take(self.view.free_gpus(self.resource), self.view.nodes, self.templates[role], self.resource, count)
+
+
+class PrometheusAuthError(Exception):
+    """The bearer token Secret cannot be used; the message says how to fix it."""
 
 
 def _ms(seconds: float | None) -> str | None:
@@ -37,15 +85,23 @@ def _ms(seconds: float | None) -> str | None:
 
 
 class Autoscaler:
-    """One loop for all services in scope; histories kept per (namespace, name, role)."""
+    """One loop for all services in scope; histories kept per (namespace, name, role).
+
+    The loop ticks often (``run_forever``'s ``tick``); each service is decided
+    when its own ``spec.autoscaling.interval`` has passed since its last round,
+    so an edit of the interval, like any policy edit, takes effect at the next
+    round without a restart."""
 
     def __init__(self, kube: Kube, signals: SignalFn, event: EventFn, clock: Callable[[], float] = time.time):
         self.kube, self.signals, self.event, self.clock = kube, signals, event, clock
         self.histories: dict[tuple[str, str], dict[str, History]] = {}
+        self.last_round: dict[tuple[str, str], float] = {}
+        self.warned_rbac = False
         # applied every round (an apply that omits a field gives it up)
         self.last_scale: dict[tuple[str, str, str], tuple[str, str]] = {}
 
-    def pool_state(self, namespace: str, svc: PDInferenceService, role: str) -> PoolState | None:
+    def pool_state(self, namespace: str, svc: PDInferenceService, role: str) -> tuple[PoolState, dict] | None:
+        """The pool's state and its StatefulSet."""
         sts = self.kube.get("StatefulSet", namespace, child_name(svc, role))
         if sts is None:
             return None
@@ -53,9 +109,50 @@ class Autoscaler:
         ps = pool_status(sts, pods)
         starting = max(0, ps["replicas"] - ps["readyReplicas"] - ps["pendingReplicas"])
         return PoolState(replicas=ps["desiredReplicas"], ready=ps["readyReplicas"], starting=starting,
-                         unschedulable=ps["pendingReplicas"])
+                         unschedulable=ps["pendingReplicas"]), sts
 
-    def run_once(self, bodies: list[dict]) -> None:
+    def gpu_view(self) -> GPUView | None:
+        """The cluster's free GPUs for this round; None when the operator may not
+        list nodes and all pods (a namespace-scoped install): no cap then, the
+        Unschedulable guard still holds."""
+        try:
+            view = self.kube.cluster_gpu_view()
+        except Exception as err:  # noqa: BLE001 - the cap is an extra, never a reason to stop deciding
+            log.warning("cannot read nodes and pods for the free-GPU cap: %s", err)
+            return None
+        if view is None and not self.warned_rbac:
+            log.info("no RBAC to list nodes and all pods: scale-ups are not capped by free GPUs")
+            self.warned_rbac = True
+        return GPUView(*view) if view else None
+
+    def prometheus(self, namespace: str, svc: PDInferenceService) -> Prometheus | None:
+        """The service's Prometheus, its bearer token read from the Secret (raises
+        PrometheusAuthError with the fix when it cannot be)."""
+        spec = svc.spec.autoscaling.prometheus
+        if spec is None:
+            return None
+        ref = spec.bearer_token_secret_ref
+        if ref is None:
+            return Prometheus(spec.url)
+        field_path = "spec.autoscaling.prometheus.bearerTokenSecretRef"
+        try:
+            token = self.kube.secret_value(namespace, ref.name, ref.key)
+        except PermissionError:
+            raise PrometheusAuthError(
+                f"{field_path}: the operator may not read Secret {namespace}/{ref.name}; "
+                "install the chart with rbac.secretReads=true (or grant it get on that Secret)") from None
+        except LookupError as err:
+            raise PrometheusAuthError(f"{field_path}: {err}") from None
+        return Prometheus(spec.url, token.strip())
+
+    def due(self, namespace: str, name: str, svc: PDInferenceService, now: float) -> bool:
+        last = self.last_round.get((namespace, name))
+        interval = duration_seconds(svc.spec.autoscaling.interval)
+        # a little slack (timer jitter) so a round is not put off by a whole tick
+        return last is None or now - last >= interval - min(1.0, 0.1 * interval)
+
+    def run_once(self, bodies: list[dict], force: bool = False) -> None:
+        """Decide every autoscaled service that is due (``force``: all of them)."""
         now = self.clock()
         services = []
         for body in bodies:
@@ -66,47 +163,60 @@ class Autoscaler:
             spec = svc.spec
             if not (spec.prefill.autoscaling.enabled or spec.decode.autoscaling.enabled):
                 continue
-            services.append((body, svc))
-        # one query per (prometheus, engine, role, quantile) for all services
-        wanted = set()
-        for _, svc in services:
-            url = svc.spec.autoscaling.prometheus.url if svc.spec.autoscaling.prometheus else None
-            for role in ("prefill", "decode"):
-                pool = svc.spec.prefill if role == "prefill" else svc.spec.decode
-                if url and pool.autoscaling.enabled:
-                    wanted.add((url, svc.spec.engine.kind, role, pool.autoscaling.target.quantile))
-        results: dict[tuple, dict] = {}
-        for key in sorted(wanted):
-            try:
-                results[key] = self.signals(*key)
-            except Exception as err:  # Prometheus down: every pool that needs it holds
-                log.warning("Prometheus query %s failed: %s", key, err)
-                results[key] = None
-        for body, svc in services:
             namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+            if not force and not self.due(namespace, name, svc, now):
+                continue
+            try:
+                prom, auth_error = self.prometheus(namespace, svc), None
+            except PrometheusAuthError as err:
+                prom, auth_error = None, str(err)
+            services.append((body, svc, prom, auth_error))
+        # one query per (prometheus, engine, role, quantile) and signal for all
+        # services; a secondary signal only when some service asks for it
+        wanted: dict[tuple, frozenset[str]] = {}
+        for _, svc, prom, _ in services:
+            for role in ("prefill", "decode"):
+                pool = svc.spec.pool(role)
+                if prom and pool.autoscaling.enabled:
+                    key = (prom, svc.spec.engine.kind, role, pool.autoscaling.target.quantile)
+                    wanted[key] = wanted.get(key, frozenset()) | pool.autoscaling.secondary_metrics()
+        results: dict[tuple, dict | None] = {}
+        for key in sorted(wanted, key=lambda k: (k[0].url, k[0].token or "", *k[1:])):
+            try:
+                results[key] = self.signals(*key, secondaries=wanted[key])
+            except Exception as err:  # Prometheus down: every pool that needs it holds
+                log.warning("Prometheus query %s %s failed: %s", key[0], key[1:], err)
+                results[key] = None
+        gpus = self.gpu_view() if services else None
+        for body, svc, prom, auth_error in services:
+            namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+            self.last_round[(namespace, name)] = now
             with LOCKS.get(namespace, name):
-                self._service(body, svc, namespace, name, results, now)
+                self._service(body, svc, namespace, name, prom, auth_error, results, now, gpus)
 
-    def _service(self, body, svc: PDInferenceService, namespace: str, name: str, results: dict, now: float) -> None:
+    def _service(self, body, svc: PDInferenceService, namespace: str, name: str, prom: Prometheus | None,
+                 auth_error: str | None, results: dict, now: float, gpus: GPUView | None = None) -> None:
         spec = svc.spec
-        url = spec.autoscaling.prometheus.url if spec.autoscaling.prometheus else None
         inputs: dict[str, PoolInput] = {}
-        errors = []
+        templates: dict[str, dict] = {}
+        unreachable = []
         for role in ("prefill", "decode"):
-            pool = spec.prefill if role == "prefill" else spec.decode
-            state = self.pool_state(namespace, svc, role)
-            if state is None:
+            pool = spec.pool(role)
+            found = self.pool_state(namespace, svc, role)
+            if found is None:
                 return  # not created yet: the reconciler goes first
+            state, templates[role] = found
             obs = None
-            if pool.autoscaling.enabled:
-                res = results.get((url, spec.engine.kind, role, pool.autoscaling.target.quantile)) if url else None
+            if pool.autoscaling.enabled and prom is not None:
+                res = results.get((prom, spec.engine.kind, role, pool.autoscaling.target.quantile))
                 if res is None:
-                    errors.append(role)
+                    unreachable.append(role)
                 else:
                     obs = res.get((namespace, name))
             inputs[role] = PoolInput(state, obs, now)
         histories = self.histories.setdefault((namespace, name), {})
-        decisions = plan_service(svc, inputs, histories, now)
+        room = gpus.for_pools(templates, spec.topology.gpu_resource_name) if gpus else None
+        decisions = plan_service(svc, inputs, histories, now, room)
         status = body.get("status") or {}
         patch: dict = {}
         stamp = now_rfc3339()
@@ -114,6 +224,7 @@ class Autoscaler:
             current = inputs[role].state.replicas
             if d.replicas != current:
                 self.kube.apply_replicas("StatefulSet", namespace, child_name(svc, role), d.replicas)
+                log.info("%s/%s %s: %s", namespace, name, role, d.reason)
                 self.event(body, "Normal", "Autoscaled", f"{role}: {d.reason}")
                 self.last_scale[(namespace, name, role)] = (stamp, d.reason)
             if (namespace, name, role) in self.last_scale:
@@ -126,17 +237,28 @@ class Autoscaler:
                 metrics[key] = _ms(obs.observed)
         metrics["observedAt"] = stamp
         patch["metrics"] = metrics
-        available = all(d.metrics_available for d in decisions.values()) and not errors
         why = "; ".join(f"{r}: {d.reason}" for r, d in decisions.items())
-        if not url:
-            why = "autoscaling.prometheus.url is not set: set it so the autoscaler can read TTFT/ITL"
+        available = all(d.metrics_available for d in decisions.values()) and not unreachable and prom is not None
+        if auth_error:
+            active, reason, why = "False", "PrometheusAuth", auth_error + "; holding: " + why
+        elif prom is None:
+            active, reason, why = "False", "NoPrometheus", "spec.autoscaling.prometheus.url is not set: set it so the autoscaler can read TTFT/ITL"
+        else:
+            active, reason = "True", "Deciding"
+        if available:
+            metrics_reason = "Fresh"
+        elif auth_error or prom is None:
+            metrics_reason = reason
+        else:
+            metrics_reason = "PrometheusUnreachable" if unreachable else "NoData"
+            if unreachable:
+                why = f"Prometheus {prom.url} did not answer; holding: " + why
+        generation = body["metadata"].get("generation")
         conds = [
-            {"type": "AutoscalingActive", "status": "True" if url else "False",
-             "reason": "Deciding" if url else "NoPrometheus", "message": why[:2000], "observedGeneration": body["metadata"].get("generation")},
-            {"type": "MetricsAvailable", "status": "True" if available else "False",
-             "reason": "Fresh" if available else ("PrometheusUnreachable" if errors else "NoData"),
-             "message": ("latest signals read " + stamp) if available else why[:2000],
-             "observedGeneration": body["metadata"].get("generation")},
+            {"type": "AutoscalingActive", "status": active, "reason": reason, "message": why[:2000],
+             "observedGeneration": generation},
+            {"type": "MetricsAvailable", "status": "True" if available else "False", "reason": metrics_reason,
+             "message": ("latest signals read " + stamp) if available else why[:2000], "observedGeneration": generation},
         ]
         patch["conditions"] = merge_conditions(status.get("conditions", []), conds, stamp)
         self.kube.patch_status(namespace, name, patch, manager=AUTOSCALER_MANAGER)
@@ -146,18 +268,21 @@ def prometheus_signals() -> SignalFn:
     """The real signal source: one PrometheusSignals client per Prometheus URL."""
     from ..autoscale.signals import PrometheusSignals
 
-    clients: dict[str, PrometheusSignals] = {}
+    clients: dict[Prometheus, PrometheusSignals] = {}
 
-    def fetch(url: str, engine: str, role: str, quantile: float):
-        if url not in clients:
-            clients[url] = PrometheusSignals(url)
-        return clients[url].pool(engine, role, quantile)
+    def fetch(prom: Prometheus, engine: str, role: str, quantile: float, secondaries: frozenset[str] = frozenset()):
+        if prom not in clients:
+            if len(clients) > 64:  # rotated tokens, removed services: start afresh
+                clients.clear()
+            clients[prom] = PrometheusSignals(prom.url, token=prom.token)
+        return clients[prom].pool(engine, role, quantile, secondaries=sorted(secondaries))
 
     return fetch
 
 
-def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop: threading.Event, interval: float = 30.0) -> None:
-    while not stop.wait(interval):
+def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop: threading.Event, tick: float = 5.0) -> None:
+    """Every ``tick`` seconds, decide the services whose interval has passed."""
+    while not stop.wait(tick):
         for namespace in namespaces or [None]:
             try:
                 autoscaler.run_once(kube.list_services(namespace))

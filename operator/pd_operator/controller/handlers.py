@@ -112,9 +112,9 @@ def resync_forever(namespaces: list[str], stop: threading.Event) -> None:
                 log.exception("resync of namespace %s failed; retrying in %ss", namespace or "(all)", RESYNC_SECONDS)
 
 
-# How often the autoscaler decides (the services' autoscaling.interval is
-# documented as 30 s; a shorter value here is for tests).
-AUTOSCALE_SECONDS = float(os.environ.get("PD_OPERATOR_AUTOSCALE_SECONDS", "30"))
+# How often the autoscaler looks for services due for a round; each service is
+# decided every spec.autoscaling.interval (default 30 s).
+AUTOSCALE_TICK_SECONDS = float(os.environ.get("PD_OPERATOR_AUTOSCALE_TICK_SECONDS", "5"))
 
 
 @kopf.on.startup()
@@ -126,7 +126,7 @@ def start_resync(memo: kopf.Memo, **_) -> None:
     namespaces = STATE.get("namespaces", [])
     threading.Thread(target=resync_forever, args=(namespaces, stop), name="resync", daemon=True).start()
     autoscaler = Autoscaler(kube(), STATE.get("signals") or prometheus_signals(), post_event)
-    threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_SECONDS),
+    threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),
                      name="autoscaler", daemon=True).start()
 
 

@@ -6,6 +6,7 @@ discovery round-trips are needed at start-up.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -85,6 +86,19 @@ class Kube:
         out = self._call("GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", sel)])
         return out.get("items", []) if out else []
 
+    def cluster_gpu_view(self) -> tuple[list[dict], list[dict]] | None:
+        """(nodes, unfinished pods of all namespaces), from the API server's watch
+        cache; None when RBAC does not allow it (a namespace-scoped install)."""
+        try:
+            nodes = self._call("GET", "/api/v1/nodes", query=[("resourceVersion", "0")])
+            pods = self._call("GET", "/api/v1/pods", query=[
+                ("resourceVersion", "0"), ("fieldSelector", "status.phase!=Succeeded,status.phase!=Failed")])
+        except ApiException as err:
+            if err.status == 403:
+                return None
+            raise
+        return (nodes or {}).get("items", []), (pods or {}).get("items", [])
+
     # -- writes ------------------------------------------------------------------
     def apply(self, obj: dict, manager: str = FIELD_MANAGER) -> dict:
         """Server-side apply with one of the operator's field managers."""
@@ -155,6 +169,23 @@ class Kube:
         except ApiException as err:
             if err.status != 404:  # deleted while we reconciled: nothing to report on
                 raise
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str:
+        """One key of a Secret, decoded. PermissionError when RBAC forbids the
+        read; LookupError (with the fix) when the Secret or the key is missing."""
+        try:
+            secret = self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        except ApiException as err:
+            if err.status == 403:
+                raise PermissionError(f"get secrets {namespace}/{name} is forbidden") from None
+            if err.status == 404:
+                raise LookupError(f"Secret {namespace}/{name} not found: create it, e.g. "
+                                  f"kubectl -n {namespace} create secret generic {name} --from-literal={key}=...") from None
+            raise
+        data = secret.get("data") or {}
+        if key not in data:
+            raise LookupError(f"Secret {namespace}/{name} has no key {key!r} (it has: {', '.join(sorted(data)) or 'none'})")
+        return base64.b64decode(data[key]).decode()
 
     def secret_problem(self, namespace: str, name: str, key: str) -> str | None:
         """Why a referenced Secret key cannot be used (None: it can)."""

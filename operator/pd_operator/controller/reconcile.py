@@ -152,7 +152,7 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None) -> s
     """
     namespace, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
     desired = sts["spec"]["replicas"]
-    pool = svc.spec.prefill if role == "prefill" else svc.spec.decode
+    pool = svc.spec.pool(role)
     if current is None:
         kube.apply(sts)
         kube.apply_replicas("StatefulSet", namespace, name, desired)

@@ -67,7 +67,7 @@ def unschedulable_reason(svc: PDInferenceService, role: str, message: str) -> st
     """Turn the scheduler's message into what is wrong and what to change."""
     spec = svc.spec
     topo = spec.topology
-    pool = spec.prefill if role == "prefill" else spec.decode
+    pool = spec.pool(role)
     rdma = spec.kv_transfer.rdma.resource_name
     hints = []
     if f"Insufficient {topo.gpu_resource_name}" in message:

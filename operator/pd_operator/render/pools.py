@@ -21,13 +21,13 @@ CONFIG_HASH_ANNOTATION = "pdserving.io/config-hash"
 
 
 def gpu_count(svc: PDInferenceService, role: str) -> int:
-    pool = svc.spec.prefill if role == "prefill" else svc.spec.decode
+    pool = svc.spec.pool(role)
     return pool.gpus_per_replica()
 
 
 def _resources(svc: PDInferenceService, role: str) -> dict:
     spec = svc.spec
-    pool = spec.prefill if role == "prefill" else spec.decode
+    pool = spec.pool(role)
     requests = {k: v for k, v in pool.resources.requests.items()}
     limits = {k: v for k, v in pool.resources.limits.items()}
     extended = {spec.topology.gpu_resource_name: gpu_count(svc, role)}
@@ -43,7 +43,7 @@ def _resources(svc: PDInferenceService, role: str) -> dict:
 def _affinity(svc: PDInferenceService, role: str) -> dict:
     spec = svc.spec
     topo = spec.topology
-    pool = spec.prefill if role == "prefill" else spec.decode
+    pool = spec.pool(role)
     affinity: dict = {}
     if pool.gpu_product:
         affinity["nodeAffinity"] = {
@@ -108,7 +108,7 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict:
 
 def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, replicas: int | None = None) -> dict:
     spec = svc.spec
-    pool = spec.prefill if role == "prefill" else spec.decode
+    pool = spec.pool(role)
     rdma = spec.kv_transfer.rdma
     name = child_name(svc, role)
     volumes, mounts = _volumes(svc, engine, role)

@@ -54,7 +54,7 @@ class EngineAdapter(ABC):
         return self.spec.model.name
 
     def pool(self, role: str):
-        return self.spec.prefill if role == "prefill" else self.spec.decode
+        return self.spec.pool(role)
 
     def env(self, role: str) -> list[dict]:
         """The container's whole environment, in a stable order; user env last."""

@@ -1,0 +1,92 @@
+"""How many more replicas of a pool fit on the GPUs that are free now (pure).
+
+The autoscaler caps a scale-up at this number, so a pool is not grown into
+GPUs that do not exist (the Pending pods of a peer planner that scaled into a
+full cluster). Inputs are plain API objects the caller lists: the nodes, the
+pods bound to them, and the pool's pod template (from its StatefulSet). A
+replica is one pod, so it must fit on one node: its GPU request
+(``topology.gpuResourceName``) against the node's allocatable minus what the
+pods on it request. Nodes the pod cannot land on are left out: cordoned,
+not Ready, not matching the template's nodeSelector, or with a NoSchedule /
+NoExecute taint the template does not tolerate. What this does not see (node
+affinity expressions, other resources such as RDMA, pod affinity) the
+scheduler still decides; the Unschedulable guard of decide() covers it.
+"""
+
+from __future__ import annotations
+
+
+def _quantity(value) -> int:
+    """A GPU count (extended resources are integers)."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def template_gpus(template: dict, resource: str) -> int:
+    """GPUs one pod of the template requests (all its containers)."""
+    spec = (template or {}).get("spec") or {}
+    total = 0
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        total += _quantity((res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource, 0)))
+    return total
+
+
+def free_gpus(nodes: list[dict], pods: list[dict], resource: str) -> dict[str, int]:
+    """Node name -> GPUs not requested by the unfinished pods bound to it."""
+    free = {n["metadata"]["name"]: _quantity(((n.get("status") or {}).get("allocatable") or {}).get(resource, 0))
+            for n in nodes}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node in free and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            free[node] -= template_gpus(pod, resource)
+    return free
+
+
+def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists" and (not t.get("key") or t["key"] == taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _eligible(node: dict, template_spec: dict) -> bool:
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    if spec.get("unschedulable"):
+        return False
+    if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+        return False
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if any(labels.get(k) != v for k, v in (template_spec.get("nodeSelector") or {}).items()):
+        return False
+    tolerations = template_spec.get("tolerations") or []
+    return all(t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations)
+               for t in spec.get("taints") or [])
+
+
+def room(free: dict[str, int], nodes: list[dict], template: dict, resource: str) -> int | None:
+    """More pods of the template that fit on the free GPUs now; None when the
+    template asks for no GPU (nothing to cap)."""
+    per_pod = template_gpus(template, resource)
+    if per_pod <= 0:
+        return None
+    spec = (template or {}).get("spec") or {}
+    return sum(max(0, free.get(n["metadata"]["name"], 0)) // per_pod for n in nodes if _eligible(n, spec))
+
+
+def take(free: dict[str, int], nodes: list[dict], template: dict, resource: str, count: int) -> None:
+    """Book ``count`` more pods of the template on ``free`` (first fit), so that
+    pools scaled up in the same round do not count the same GPUs twice."""
+    per_pod = template_gpus(template, resource)
+    spec = (template or {}).get("spec") or {}
+    for n in nodes:
+        name = n["metadata"]["name"]
+        while count > 0 and per_pod > 0 and _eligible(n, spec) and free.get(name, 0) >= per_pod:
+            free[name] -= per_pod
+            count -= 1
