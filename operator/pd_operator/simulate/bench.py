@@ -12,7 +12,6 @@ Method, definitions and results: tests/benchmarks/README.md.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -60,9 +59,6 @@ def reference_service(max_per_pool: int = MAX_PER_POOL, budget: int = BUDGET) ->
     return validate_service(reference_manifest(max_per_pool, budget))
 
 
-_OBS_FIELDS = {f.name for f in dataclasses.fields(Observation)}
-
-
 def observe(prom: Scraper, role: str, quantile: float, decode_demand: str = "tokens",
             secondaries=("queueDepth", "kvCacheUsage")) -> Observation:
     """What the operator's queries (``autoscale/promql.py``, window 1 min) return for one pool,
@@ -81,12 +77,11 @@ def observe(prom: Scraper, role: str, quantile: float, decode_demand: str = "tok
         demand = prom.gauge_sum("running", "decode")
         if decode_demand == "running+waiting":
             demand += prom.gauge_sum("waiting", "decode")
-    extra = {"mean_isl": prom.ratio("prompt_tokens", "ttft_count"),
-             "mean_osl": prom.ratio("gen_tokens", "decoded"),
-             "queue": prom.gauge_avg_over_time("waiting", role) if "queueDepth" in secondaries else None,
-             "kv_usage": prom.gauge_avg_over_time("kv_usage", role) if "kvCacheUsage" in secondaries else None}
-    # the fields promql.Observation has (mean_isl, mean_osl, queue, kv_usage: optional, default None)
-    return Observation(observed, demand, **{k: v for k, v in extra.items() if k in _OBS_FIELDS})
+    return Observation(observed, demand,
+                       mean_isl=prom.ratio("prompt_tokens", "ttft_count"),
+                       mean_osl=prom.ratio("gen_tokens", "decoded"),
+                       queue=prom.gauge_avg_over_time("waiting", role) if "queueDepth" in secondaries else None,
+                       kv_usage=prom.gauge_avg_over_time("kv_usage", role) if "kvCacheUsage" in secondaries else None)
 
 
 # --------------------------------------------------------------------------- policies
@@ -167,8 +162,8 @@ class PdOperator(Policy):
             state = PoolState(replicas=fleet.replicas(role), ready=len(fleet.ready(role)), starting=fleet.starting(role))
             obs = None
             if pool.autoscaling.enabled:  # as the operator: only the secondary signals the pool asks for
-                wanted = {t.metric for t in getattr(pool.autoscaling, "secondary_targets", ())}
-                obs = observe(prom, role, pool.autoscaling.target.quantile, self.decode_demand, wanted)
+                obs = observe(prom, role, pool.autoscaling.target.quantile, self.decode_demand,
+                              pool.autoscaling.secondary_metrics())
             inputs[role] = PoolInput(state, obs, last["t"], capacity=self.capacity.get(role))
         decisions = plan_service(self.svc, inputs, self.hist, now)
         self.last_reasons = {r: d.reason for r, d in decisions.items()}
