@@ -53,7 +53,7 @@ def test_decisions_are_applied_kept_and_guarded(operator, namespace, custom_obje
     round_(scaler, custom_objects, namespace, "auto")
     assert apps_v1.read_namespaced_stateful_set("auto-decode", namespace).spec.replicas == 2
     obj = get_svc(custom_objects, namespace, "auto")
-    assert "1 -> 2" in obj["status"]["decode"]["lastScaleReason"] and obj["status"]["metrics"]["itlP99"] == "100ms"
+    assert "1 -> 2" in obj["status"]["decode"]["lastScaleReason"] and obj["status"]["metrics"]["itl"] == "100ms p99"
     assert condition(obj, "MetricsAvailable")["status"] == "True" and condition(obj, "AutoscalingActive")["status"] == "True"
     assert events and events[0][0] == "Autoscaled"
     # the reconciler (resync 5 s, plus child events) keeps the autoscaler's size

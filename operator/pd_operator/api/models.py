@@ -845,8 +845,10 @@ class PoolStatus(Base):
 class MetricsStatus(Base):
     """Latest latency figures seen by the autoscaler."""
 
-    ttft_p99: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="p99 time to first token, e.g. 420ms.")
-    itl_p99: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="p99 inter-token latency, e.g. 31ms.")
+    ttft: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(
+        None, description="The prefill pool's time to first token at the quantile its autoscaling targets, e.g. 420ms p99.")
+    itl: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(
+        None, description="The decode pool's inter-token latency at the quantile its autoscaling targets, e.g. 31ms p99.")
     request_rate: Optional[Annotated[str, StringConstraints(max_length=32)]] = Field(None, description="Requests per second.")
     observed_at: Optional[str] = Field(None, description="When these figures were read (RFC 3339).", json_schema_extra={"format": "date-time"})
 

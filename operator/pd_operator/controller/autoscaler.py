@@ -231,10 +231,10 @@ class Autoscaler:
                 at, why = self.last_scale[(namespace, name, role)]
                 patch[role] = {"lastScaleTime": at, "lastScaleReason": why}
         metrics = dict(status.get("metrics") or {})
-        for role, key in (("prefill", "ttftP99"), ("decode", "itlP99")):
+        for role, key in (("prefill", "ttft"), ("decode", "itl")):
             obs = inputs[role].observation
-            if obs is not None and obs.observed is not None:
-                metrics[key] = _ms(obs.observed)
+            if obs is not None and obs.observed is not None:  # "420ms p99": the quantile the pool is sized on
+                metrics[key] = f"{_ms(obs.observed)} p{spec.pool(role).autoscaling.target.quantile * 100:g}"
         metrics["observedAt"] = stamp
         patch["metrics"] = metrics
         why = "; ".join(f"{r}: {d.reason}" for r, d in decisions.items())
