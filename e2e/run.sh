@@ -42,7 +42,9 @@ else
 fi
 echo "cluster: $KUBECONFIG"
 
-"${KUBECTL[@]}" apply --server-side -f crds/pdinferenceservices.yaml
+# The repository's CRD is the truth: take over its fields from whoever applied
+# an older one (an earlier checkout, the integration tests on this cluster).
+"${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager=pd-operator-crd -f crds/pdinferenceservices.yaml
 "${KUBECTL[@]}" wait --for=condition=Established crd/pdinferenceservices.pdserving.io --timeout=60s
 
 stop_operator

@@ -102,7 +102,7 @@ def pd_crd(apiextensions_v1):
     refused = None
     try:
         apiextensions_v1.patch_custom_resource_definition(
-            name, crd, field_manager="pd-integration-tests", force=True,
+            name, crd, field_manager="pd-operator-crd", force=True,  # as e2e/run.sh
             _content_type="application/apply-patch+yaml")
     except ApiException as e:
         try:
