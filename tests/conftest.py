@@ -12,16 +12,26 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
 
+def load_e2e_module(stem: str):
+    """e2e/<stem>.py (cluster, harness), imported by path once (e2e/ is not a package)."""
+    import importlib.util
+    import sys
+
+    name = f"pd_e2e_{stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "e2e" / f"{stem}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def prometheus_binary(name: str = "prometheus") -> str | None:
     """prometheus or promtool as e2e/controlplane/build.sh builds them (with
     kubernetes_sd, which Debian's package lacks); else the one on PATH."""
-    import importlib.util
     import shutil
 
-    spec = importlib.util.spec_from_file_location("pd_e2e_cluster_paths", ROOT / "e2e" / "cluster.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    built = mod.binary(name)
+    built = load_e2e_module("cluster").binary(name)
     return str(built) if built.is_file() else shutil.which(name)
 
 

@@ -15,13 +15,10 @@ Tests in this directory are marked ``@pytest.mark.integration``.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -29,19 +26,13 @@ kubernetes = pytest.importorskip("kubernetes", reason="integration tests need th
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import load_e2e_module  # noqa: E402
+
 
 
 def load_local_cluster_module():
     """e2e/cluster.py, imported by path (e2e/ is not a package)."""
-    name = "pd_e2e_cluster"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "e2e" / "cluster.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_e2e_module("cluster")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,6 @@ routers' venv cannot be created (tests/sim/conftest.py:router_python()).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from kubernetes.client.rest import ApiException
 from pd_operator.sim.__main__ import config_from_argv
 from pd_operator.sim.server import chat_tokens
 
+from tests.conftest import load_e2e_module
 from tests.integration.test_operator import (  # noqa: F401 - crd is a fixture
     GROUP,
     PLURAL,
@@ -72,14 +72,7 @@ BENCH = {"rate": 4, "n": 40, "isl": 2000, "osl": 100}
 
 
 def load_harness_module():
-    name = "pd_e2e_harness"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "e2e" / "harness.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_e2e_module("harness")
 
 
 @pytest.fixture(scope="module")
