@@ -148,6 +148,7 @@ class Harness:
         self.procs: dict[str, PodProcess] = {}  # by pod uid
         self.exited: list[PodProcess] = []
         self.draining: list[PodProcess] = []  # pods gone, processes in their preStop/grace period
+        self.ip_conflicts: list[str] = []  # pods kwok gave a live pod's IP (see _ip_conflict)
         self.errors: list[str] = []  # pods whose process could not even be started
         self._failed: set[str] = set()
         self._lock = threading.RLock()
@@ -255,6 +256,10 @@ class Harness:
                     want.pop(uid)  # not restarted: a crash must stay visible
             for uid, pod in want.items():
                 if uid in self.procs or uid in self._failed or any(e.uid == uid for e in self.exited):
+                    continue
+                holder = next((pp for pp in self.procs.values() if pp.ip == pod.status.pod_ip), None)
+                if holder is not None:
+                    self._ip_conflict(pod, holder)
                     continue
                 try:
                     self.procs[uid] = self._start_pod(pod)
@@ -412,6 +417,19 @@ class Harness:
             log(f"{pp.pod}: {why}: {signal.Signals(sig).name} to pid {pp.proc.pid}")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pp.proc.pid, sig)  # its own session: the whole process group
+
+    def _ip_conflict(self, pod, holder: PodProcess) -> None:
+        """kwok handed a new pod the IP of a pod that is still running (its IP pool
+        can free an address twice around a restart of the cluster). A kubelet's CNI
+        would fail that pod's sandbox; here the pod is deleted so its controller
+        makes a new one with another IP. Logged and kept in ``ip_conflicts``."""
+        name = pod.metadata.name
+        msg = f"{name}: got IP {pod.status.pod_ip}, which running pod {holder.pod} holds; deleted it to be recreated"
+        log(msg)
+        self.ip_conflicts.append(msg)
+        self._failed.add(pod.metadata.uid)
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
 
     def _drain(self, pp: PodProcess) -> None:
         """What the kubelet does with a deleted pod, without blocking the loop:

@@ -74,7 +74,22 @@ def kube_cluster():
         yield Cluster(kubeconfig=kc, local=True)
     finally:
         if not was_running and not os.environ.get("PD_KEEP_CLUSTER"):
+            _wait_test_namespaces_gone(kc)
             mod.down(TEST_CLUSTER)
+
+
+def _wait_test_namespaces_gone(kubeconfig: str, timeout: float = 60.0) -> None:
+    """Let the test namespaces (deleted in the background) finish going before the
+    cluster stops: pods deleted across a restart make kwok free their IPs after it
+    has handed them out again (seen: two running pods with one IP)."""
+    api = config.new_client_from_config(config_file=kubeconfig)
+    deadline = time.monotonic() + timeout
+    with api:
+        core = client.CoreV1Api(api)
+        while time.monotonic() < deadline:
+            if not core.list_namespace(label_selector="pdserving.io/test=integration").items:
+                return
+            time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

@@ -350,7 +350,8 @@ def test_each_pool_scales_on_its_own_signal_and_back(loop, namespace, custom_obj
 def gpu_filler(core_v1):
     """fill(spare): pods that take every free GPU but ``spare``; removed afterwards."""
     ns = f"t-filler-{random.randrange(16**6):06x}"
-    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=ns, labels={"pdserving.io/test": "integration"})))
     wait_for(lambda: core_v1.read_namespaced_service_account("default", ns), 30, "filler namespace ready")
 
     def fill(spare: int) -> int:

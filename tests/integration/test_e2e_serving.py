@@ -97,6 +97,8 @@ def running_stack(kube_cluster, namespace: str, tmp_path: Path, router_py: Path,
         harness.stop()
         op.stop()
         print(f"\n[logs] operator: {tmp_path / 'operator.log'}; pod processes: {tmp_path / 'pods'}")
+        if harness.ip_conflicts:
+            print("[harness] pods recreated for a duplicate kwok IP: " + "; ".join(harness.ip_conflicts))
 
 
 @pytest.fixture
