@@ -35,7 +35,10 @@ instead (the sim via ``--bind``, the router by replacing the ``0.0.0.0``
 values of ``--host`` / ``--prometheus-host``). Ports stay as rendered.
 
 A pod that goes away (deleted, scaled down, being deleted) takes its process
-with it (SIGTERM, then SIGKILL after a grace period); ``stop()`` kills all.
+with it as the kubelet would: its preStop sleep, then SIGTERM, then SIGKILL
+when its terminationGracePeriodSeconds is over; ``stop()`` kills all. A pod
+that kwok gives the IP of a running pod is deleted, to be recreated with
+another (``ip_conflicts``).
 A process that exits is not restarted (it is logged and kept in
 ``exited``: a test should see a crash, not hide it). Each process's output
 goes to ``<log_dir>/<pod>.log``.
