@@ -340,20 +340,14 @@ class Harness:
             vf = e.value_from
             if vf.field_ref:
                 env[e.name] = self._field(pod, vf.field_ref.field_path)
-            elif vf.secret_key_ref:
-                ref = vf.secret_key_ref
-                data = self._secret(ns, ref.name, ref.optional)
+            elif vf.secret_key_ref or vf.config_map_key_ref:
+                ref, read, kind = ((vf.secret_key_ref, self._secret, "secret") if vf.secret_key_ref
+                                   else (vf.config_map_key_ref, self._configmap, "configmap"))
+                data = read(ns, ref.name, ref.optional)
                 if data is not None and ref.key in data:
                     env[e.name] = data[ref.key]
                 elif not ref.optional:
-                    raise LookupError(f"secret {ns}/{ref.name} has no key {ref.key!r}")
-            elif vf.config_map_key_ref:
-                ref = vf.config_map_key_ref
-                data = self._configmap(ns, ref.name, ref.optional)
-                if data is not None and ref.key in data:
-                    env[e.name] = data[ref.key]
-                elif not ref.optional:
-                    raise LookupError(f"configmap {ns}/{ref.name} has no key {ref.key!r}")
+                    raise LookupError(f"{kind} {ns}/{ref.name} has no key {ref.key!r}")
             elif vf.resource_field_ref:
                 continue  # limits.* of a kwok pod mean nothing to a local process
         return env
