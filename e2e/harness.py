@@ -6,7 +6,7 @@ namespace and, for every Running pod the operator created, starts a local
 process that stands in for its container, as a kubelet would:
 
 * engine pods (label ``pdserving.io/role=prefill|decode``): the simulated
-  engine, ``python -m pd_operator.sim --bind <pod IP> -- <container command +
+  engine, ``python -m pd_operator_tools.enginesim --bind <pod IP> -- <container command +
   args>``; the exact command the operator rendered, checked by the sim with
   the engine's real parser;
 * router pods (``pdserving.io/role=router``): the REAL router
@@ -293,7 +293,7 @@ class Harness:
             argv = self.router_argv(argv, ip)
             proc_env["KUBECONFIG"] = str(self.pod_kubeconfig(pod))
         else:
-            argv = [sys.executable, "-m", "pd_operator.sim", "--bind", ip, *self.sim_opts, "--", *argv]
+            argv = [sys.executable, "-m", "pd_operator_tools.enginesim", "--bind", ip, *self.sim_opts, "--", *argv]
             # the sim is our package: make it importable whatever the cwd
             pkg_root = str(Path(__file__).resolve().parents[1] / "operator")
             proc_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, proc_env.get("PYTHONPATH")]))

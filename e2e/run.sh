@@ -30,7 +30,7 @@ fi
 EXAMPLE="${1:-manifests/examples/vllm-nixl.yaml}"
 
 if [[ ! -x .venv/bin/python ]]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install --quiet -e .
+.venv/bin/python -m pip install --quiet -e . -e ./operator/tools
 
 if [[ -n "${KUBECONFIG:-}" ]]; then
   KUBECTL=(kubectl)

@@ -15,7 +15,7 @@ cd "$ROOT"
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet -e '.[test]'
+.venv/bin/python -m pip install --quiet -e '.[test]' -e ./operator/tools
 
 # The real control plane (kube-apiserver, etcd, scheduler, controller-manager,
 # kwok, helm) and Prometheus (prometheus, promtool: the chart's rules, the

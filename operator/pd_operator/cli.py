@@ -55,29 +55,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_crd(args: argparse.Namespace) -> int:
-    from .api.crd import crd_yaml
-
-    sys.stdout.write(crd_yaml())
-    return 0
-
-
-def cmd_chart(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from . import chart
-
-    where = Path(args.dir) if args.dir else chart.CHART_DIR
-    if args.check:
-        old = chart.stale(where)
-        for rel in old:
-            print(f"pdctl: {where / rel} is stale: run `pdctl chart`", file=sys.stderr)
-        return 1 if old else 0
-    for rel in chart.write(where):
-        print(f"wrote {where / rel}")
-    return 0
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
         docs = _load_documents(args.file)
@@ -98,6 +75,36 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return status
 
 
+# Commands that come with the tools distribution (``pip install 'pd-operator[tools]'``):
+# each entry point of this group is a function ``add_parsers(subparsers)``.
+TOOLS_GROUP = "pd_operator.pdctl"
+TOOL_COMMANDS = {
+    "crd": "print the CustomResourceDefinition generated from the API models",
+    "chart": "write the Helm chart's generated files",
+    "bench": "goodput benchmark against an OpenAI-compatible endpoint",
+    "autoscale-bench": "autoscaling policies vs baselines on reference traces (simulated)",
+    "simulate": "predicted goodput and GPU-hours of an autoscaling policy edit",
+}
+
+
+def _needs_tools(args: argparse.Namespace) -> int:
+    print(f"pdctl {args.command}: this command is part of the pd-operator tools; "
+          "install them with: pip install 'pd-operator[tools]'", file=sys.stderr)
+    return 2
+
+
+def add_tool_commands(sub) -> None:
+    """The tools' commands when they are installed, else stubs that say how to get them."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=TOOLS_GROUP):
+        ep.load()(sub)
+    for name, help_ in TOOL_COMMANDS.items():
+        if name not in sub.choices:
+            p = sub.add_parser(name, help=f"{help_} (needs pd-operator[tools])", add_help=False)
+            p.set_defaults(func=_needs_tools)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description="pd-operator command line")
     parser.add_argument("--version", action="version", version=f"pdctl {__version__}")
@@ -112,28 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="PDInferenceService YAML file, or - for stdin")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the API models")
-    p.set_defaults(func=cmd_crd)
-
-    p = sub.add_parser("chart", help="write the Helm chart's generated files (values.yaml, values.schema.json, crds/)")
-    p.add_argument("--check", action="store_true", help="only check: exit 1 when a generated file is stale")
-    p.add_argument("--dir", help="chart directory (default: charts/pd-operator of this checkout)")
-    p.set_defaults(func=cmd_chart)
-
-    from .bench import add_parser as add_bench_parser
-
-    add_bench_parser(sub)
-    from .simulate.bench import add_parser as add_autoscale_bench_parser
-
-    add_autoscale_bench_parser(sub)
-    from .simulate.simulate import add_parser as add_simulate_parser
-
-    add_simulate_parser(sub)
+    add_tool_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.func is _needs_tools:  # whatever its flags: the command is not installed
+        return _needs_tools(args)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

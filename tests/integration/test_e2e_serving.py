@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
-from pd_operator.sim.__main__ import config_from_argv
-from pd_operator.sim.server import chat_tokens
+from pd_operator_tools.enginesim.__main__ import config_from_argv
+from pd_operator_tools.enginesim.server import chat_tokens
 
 from tests.conftest import load_e2e_module
 from tests.integration.test_operator import (  # noqa: F401 - crd is a fixture
@@ -230,7 +230,7 @@ def test_serving_through_the_real_router(example, stack, namespace, custom_objec
     port = free_port(host)
     agg_cmd = aggregated_argv(rendered_engine_argv(pre))
     with (tmp_path / "aggregated.log").open("wb") as fh:
-        agg = subprocess.Popen([sys.executable, "-m", "pd_operator.sim", "--bind", host, "--bind-port", str(port),
+        agg = subprocess.Popen([sys.executable, "-m", "pd_operator_tools.enginesim", "--bind", host, "--bind-port", str(port),
                                 "--", *agg_cmd], stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         wait_http(f"http://{host}:{port}/health", proc=agg)

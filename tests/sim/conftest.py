@@ -133,7 +133,7 @@ class Procs:
 
     def sim(self, engine_argv: list[str], host: str, port: int, *, sim_opts: list[str] = (),
             env: dict | None = None, wait: bool = True) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "pd_operator.sim", "--bind", host, "--bind-port", str(port),
+        argv = [sys.executable, "-m", "pd_operator_tools.enginesim", "--bind", host, "--bind-port", str(port),
                 *sim_opts, "--", *engine_argv]
         p = self.start(argv, env)
         if wait:

@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from pd_operator.bench import BenchConfig, run_bench
-from pd_operator.sim.fleet import LengthDist
+from pd_operator_tools.loadgen import BenchConfig, run_bench
+from pd_operator_tools.workload import LengthDist
 
 from .conftest import free_port, get, loopback_host, metric
 

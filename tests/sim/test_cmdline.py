@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from pd_operator.render.engines.flagset import FlagError
-from pd_operator.sim.__main__ import config_from_argv
+from pd_operator_tools.enginesim.__main__ import config_from_argv
 
 from .conftest import free_port, get, loopback_host, metric, rendered_engine
 
@@ -51,7 +51,7 @@ def test_flag_the_engine_lacks_is_refused():
 
 
 def test_wrong_flag_exits_nonzero_naming_it():
-    proc = subprocess.run([sys.executable, "-m", "pd_operator.sim", "--", "python3", "-m", "sglang.launch_server",
+    proc = subprocess.run([sys.executable, "-m", "pd_operator_tools.enginesim", "--", "python3", "-m", "sglang.launch_server",
                            "--model-path", "Qwen/Qwen3-8B", "--disaggregation-mode", "prefill", "--pd-disaggregation"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from pd_operator.render.engines.flagset import check_argv
-from pd_operator.sim.__main__ import config_from_argv
-from pd_operator.sim.server import chat_tokens
+from pd_operator_tools.enginesim.__main__ import config_from_argv
+from pd_operator_tools.enginesim.server import chat_tokens
 
 from .conftest import free_port, get, loopback_host, metric, rendered_engine, stream_chat, wait_http
 

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import yaml
 
-from pd_operator import chart
+from pd_operator_tools.generate import chart
 from pd_operator.api.crd import crd_yaml
 from tests.conftest import ROOT, prometheus_binary
 
@@ -59,7 +59,7 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 
 
 def test_generated_chart_files_are_current():
-    assert not chart.stale(), "charts/pd-operator is stale: run `pdctl chart`"
+    assert not chart.stale(CHART), "charts/pd-operator is stale: run `pdctl chart`"
     assert (CHART / "crds" / "pdinferenceservices.yaml").read_text() == crd_yaml()
     assert (ROOT / "crds" / "pdinferenceservices.yaml").read_text() == (CHART / "crds" / "pdinferenceservices.yaml").read_text()
 

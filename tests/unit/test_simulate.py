@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from pd_operator.cli import main
-from pd_operator.simulate import simulate as sim
-from pd_operator.simulate.trace import REFERENCE, TraceError, load_trace
+from pd_operator_tools.autoscalesim import whatif as sim
+from pd_operator_tools.autoscalesim.trace import REFERENCE, TraceError, load_trace
 
 WINDOW = ["--hours", "0.5", "--start-hour", "19.9", "--rate-scale", "0.2", "--jobs", "1"]
 SHORT = ["--hours", "0.25", "--start-hour", "20", "--rate-scale", "0.2", "--jobs", "1"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from pd_operator.simulate.fleet import BenchFleet, DReq, FastDecode
-from pd_operator.sim.clock import VirtualClock
-from pd_operator.sim.costmodel import CostModel
-from pd_operator.sim.engine import Engine, SimRequest
+from pd_operator_tools.autoscalesim.fleet import BenchFleet, DReq, FastDecode
+from pd_operator_tools.enginesim.clock import VirtualClock
+from pd_operator.perfmodel.costmodel import CostModel
+from pd_operator_tools.enginesim.engine import Engine, SimRequest
 
 
 def _arrivals(n=400, rate=40.0, seed=3):

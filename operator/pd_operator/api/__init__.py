@@ -6,7 +6,7 @@ in the API server (CEL, online) with the same messages.
 """
 
 from .constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from .errors import SpecError, load_service, validate_service
+from .errors import SpecError, validate_service
 from .models import PDInferenceService, PDInferenceServiceSpec, PDInferenceServiceStatus
 
 __all__ = [
@@ -19,6 +19,5 @@ __all__ = [
     "PDInferenceServiceSpec",
     "PDInferenceServiceStatus",
     "SpecError",
-    "load_service",
     "validate_service",
 ]

@@ -48,6 +48,8 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_VERSION = "app.kubernetes.io/version"
+ROLES = ("prefill", "decode")   # the engine pools of a service, in this order
+
 LABEL_ROLE = f"{GROUP}/role"          # prefill | decode | router
 LABEL_SERVICE = f"{GROUP}/service"    # the PDInferenceService name
 LABEL_ENGINE = f"{GROUP}/engine"      # vllm | sglang

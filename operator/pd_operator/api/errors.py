@@ -71,6 +71,3 @@ def validate_service(obj: dict[str, Any]) -> PDInferenceService:
         return PDInferenceService.model_validate(obj)
     except ValidationError as err:
         raise SpecError(problems_of(err), name) from None
-
-
-load_service = validate_service

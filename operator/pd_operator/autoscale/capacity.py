@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
-from ..sim.costmodel import CostModel, shape_for
+from ..perfmodel.costmodel import CostModel, shape_for
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
 DEFAULT_MAX_BATCHED_TOKENS = 8192  # the engines' step token budget when the pool sets none

@@ -149,6 +149,32 @@ def _rate_limit(rules: ScalingRules, current: int, history: History, now: float,
     return (most_permissive if rules.select_policy == "Max" else least_permissive)(limits)
 
 
+def apply_behavior(rec: int, current: int, history: History, now: float,
+                   up_rules: ScalingRules = DEFAULT_UP, down_rules: ScalingRules = DEFAULT_DOWN) -> tuple[int, str]:
+    """HPA's behaviour on a recommendation: the stabilization windows (up: the
+    lowest recommendation in the window, down: the highest), then the rate
+    limits. Records ``rec`` in ``history.recommendations``; the caller records
+    the resize it makes (``history.changes``). Returns the size and a note for
+    the reason ("" when the windows did not hold the pool back)."""
+    history.recommendations.append(Event(now, rec))
+    window_up = up_rules.stabilization_window_seconds or 0
+    window_down = down_rules.stabilization_window_seconds or 0
+    in_up = [e.replicas for e in history.recommendations if now - e.at <= window_up]
+    in_down = [e.replicas for e in history.recommendations if now - e.at <= window_down]
+    desired, note = current, ""
+    if rec > current:
+        desired = max(current, min(in_up or [rec]))
+    elif rec < current:
+        desired = min(current, max(in_down or [rec]))
+        if desired > rec:
+            note = f"; scale-down held at {desired} by the {window_down}s stabilization window"
+    if desired > current:
+        desired = min(desired, _rate_limit(up_rules, current, history, now, up=True))
+    elif desired < current:
+        desired = max(desired, _rate_limit(down_rules, current, history, now, up=False))
+    return desired, note
+
+
 def _feedback(observed: float, target: float, current: int, ready: int, tolerance: float,
               floor: float = 0.0) -> tuple[int, str]:
     """HPA's rule on one metric: the current size inside the tolerance band,
@@ -216,27 +242,11 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     rec, why = _recommend(policy, state, signal)
     rec = max(lo, min(rec, hi))
 
-    # 5. stabilization windows
+    # 5. HPA behaviour: stabilization windows, rate limits
     up_rules = _rules(policy.behavior.scale_up, DEFAULT_UP)
     down_rules = _rules(policy.behavior.scale_down, DEFAULT_DOWN)
-    history.recommendations.append(Event(now, rec))
-    window_up = up_rules.stabilization_window_seconds or 0
-    window_down = down_rules.stabilization_window_seconds or 0
-    in_up = [e.replicas for e in history.recommendations if now - e.at <= window_up]
-    in_down = [e.replicas for e in history.recommendations if now - e.at <= window_down]
-    desired = current
-    if rec > current:
-        desired = max(current, min(in_up or [rec]))
-    elif rec < current:
-        desired = min(current, max(in_down or [rec]))
-        if desired > rec:
-            why += f"; scale-down held at {desired} by the {window_down}s stabilization window"
-
-    # rate limits
-    if desired > current:
-        desired = min(desired, _rate_limit(up_rules, current, history, now, up=True))
-    elif desired < current:
-        desired = max(desired, _rate_limit(down_rules, current, history, now, up=False))
+    desired, note = apply_behavior(rec, current, history, now, up_rules, down_rules)
+    why += note
 
     # 4. guards
     if desired > current and state.unschedulable:
@@ -250,7 +260,8 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     if desired != current:
         history.changes.append(Change(now, current, desired))
         why = f"{current} -> {desired}: " + why
-    history.prune(now, max(window_up, window_down, 1800) + interval_seconds)
+    history.prune(now, max(up_rules.stabilization_window_seconds or 0,
+                           down_rules.stabilization_window_seconds or 0, 1800) + interval_seconds)
     return Decision(desired, why, True, rec)
 
 

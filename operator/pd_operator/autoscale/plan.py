@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..api.constants import ROLES
 from ..api.models import PDInferenceService, duration_seconds
 from .capacity import Capacity, latency_floor, pool_capacity
 from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, share_budget
 from .promql import SECONDARY, Observation
 
-ROLES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def _ms(seconds: float | None) -> str | None:
 class Autoscaler:
     """One loop for all services in scope; histories kept per (namespace, name, role).
 
-    The loop ticks often (``run_forever``'s ``tick``); each service is decided
+    The loop ticks often (``handlers.AUTOSCALE_TICK_SECONDS``); each service is decided
     when its own ``spec.autoscaling.interval`` has passed since its last round,
     so an edit of the interval, like any policy edit, takes effect at the next
     round without a restart."""
@@ -278,14 +278,3 @@ def prometheus_signals() -> SignalFn:
         return clients[prom].pool(engine, role, quantile, secondaries=sorted(secondaries))
 
     return fetch
-
-
-def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop: threading.Event, tick: float = 5.0) -> None:
-    """Every ``tick`` seconds, decide the services whose interval has passed."""
-    while not stop.wait(tick):
-        for namespace in namespaces or [None]:
-            try:
-                autoscaler.run_once(kube.list_services(namespace))
-            except Exception:
-                log.exception("autoscaling round for %s failed", namespace or "(all namespaces)")
-

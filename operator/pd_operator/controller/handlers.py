@@ -23,6 +23,7 @@ import kopf
 
 from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
 from .kube import FIELD_MANAGER, Kube
+from .loop import every
 from .reconcile import reconcile
 
 # Drift backstop; child events restore hand edits within seconds already.
@@ -100,16 +101,10 @@ def on_service(namespace: str, name: str, **_) -> None:
     reconcile_service(namespace, name)
 
 
-def resync_forever(namespaces: list[str], stop: threading.Event) -> None:
-    """Reconcile every service in scope every RESYNC_SECONDS until stopped."""
-    log = logging.getLogger(__name__)
-    while not stop.wait(RESYNC_SECONDS):
-        for namespace in namespaces or [None]:
-            try:
-                for body in kube().list_services(namespace):
-                    reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
-            except Exception:
-                log.exception("resync of namespace %s failed; retrying in %ss", namespace or "(all)", RESYNC_SECONDS)
+def resync(namespace: str | None) -> None:
+    """Reconcile every service in ``namespace`` (None: all in scope)."""
+    for body in kube().list_services(namespace):
+        reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 # How often the autoscaler looks for services due for a round; each service is
@@ -119,14 +114,19 @@ AUTOSCALE_TICK_SECONDS = float(os.environ.get("PD_OPERATOR_AUTOSCALE_TICK_SECOND
 
 @kopf.on.startup()
 def start_resync(memo: kopf.Memo, **_) -> None:
-    from .autoscaler import Autoscaler, prometheus_signals, run_forever
+    from .autoscaler import Autoscaler, prometheus_signals
 
     stop = threading.Event()
     memo["resync_stop"] = stop
     namespaces = STATE.get("namespaces", [])
-    threading.Thread(target=resync_forever, args=(namespaces, stop), name="resync", daemon=True).start()
-    autoscaler = Autoscaler(kube(), STATE.get("signals") or prometheus_signals(), post_event)
-    threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),
+    threading.Thread(target=every, args=(RESYNC_SECONDS, stop, namespaces, resync, "resync"),
+                     name="resync", daemon=True).start()
+    autoscaler = Autoscaler(kube(), prometheus_signals(), post_event)
+
+    def autoscale(namespace: str | None) -> None:
+        autoscaler.run_once(kube().list_services(namespace))
+
+    threading.Thread(target=every, args=(AUTOSCALE_TICK_SECONDS, stop, namespaces, autoscale, "autoscaling round"),
                      name="autoscaler", daemon=True).start()
 
 
@@ -151,8 +151,3 @@ CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
 def on_child(namespace: str, labels: dict, **_) -> None:
     reconcile_service(namespace, labels[LABEL_SERVICE], settle=CHILD_SETTLE_SECONDS)
-
-
-def plain(body) -> dict:
-    """A kopf body as a plain dict."""
-    return json.loads(json.dumps(body, default=dict))

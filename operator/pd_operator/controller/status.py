@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..api.constants import ROLES
 from ..api.models import PDInferenceService
 from ..render import endpoint
 from ..render.pools import gpu_count
 
-ROLES = ("prefill", "decode")
 
 
 @dataclass

@@ -51,8 +51,3 @@ def render(svc: PDInferenceService, owner: dict | None = None, current_replicas:
             obj["metadata"]["ownerReferences"] = [ref]
     # Every object stands alone: no dict shared between two of them.
     return copy.deepcopy(objs)
-
-
-def names(svc: PDInferenceService) -> dict[str, str]:
-    """The names of the main children, by role."""
-    return {role: child_name(svc, role) for role in ("prefill", "decode", "router")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..api.constants import (
+    ROLES,
     LABEL_COMPONENT,
     LABEL_ENGINE,
     LABEL_INSTANCE,
@@ -16,7 +17,6 @@ from ..api.constants import (
 from ..api.models import PDInferenceService
 
 MANAGER = "pd-operator"
-ROLES = ("prefill", "decode")
 
 
 def child_name(svc: PDInferenceService, role: str) -> str:

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 from urllib.parse import urlparse
 
-from ..sim.fleet import LengthDist, percentile
+from ..workload import LengthDist
+from ..workload import summarize as summarize_requests
 
 WORDS = ("alpha", "bravo", "delta", "kilo", "lima", "papa", "romeo", "tango")
 
@@ -108,28 +109,16 @@ def check_url(url: str) -> str:
 
 
 def summarize(results: list[Result], wall: float, cfg: BenchConfig) -> dict:
-    ok = [r for r in results if r.ok]
-    ttfts = [r.ttft for r in ok]
-    itls = [x for r in ok for x in r.itls]
-    mean_itls = [r.mean_itl for r in ok if r.mean_itl is not None]
-    good = [r for r in ok if r.ttft < cfg.ttft_slo and (r.mean_itl is None or r.mean_itl < cfg.itl_slo)]
-    out_tokens = sum(r.output_tokens for r in ok)
-
-    def q(v: list) -> dict:
-        if not v:
-            return {"mean": None, "p50": None, "p90": None, "p99": None}
-        return {"mean": sum(v) / len(v), "p50": percentile(v, 50), "p90": percentile(v, 90), "p99": percentile(v, 99)}
-
-    return {
-        "sent": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+    """:func:`~pd_operator_tools.workload.summarize` plus wall-clock rates."""
+    s = summarize_requests(results, cfg.ttft_slo, cfg.itl_slo)
+    out_tokens = sum(r.output_tokens for r in results if r.ok)
+    per_s = (lambda n: n / wall) if wall > 0 else (lambda n: 0.0)
+    return s | {
         "duration_s": wall,
-        "request_throughput": len(ok) / wall if wall > 0 else 0.0,
-        "output_token_throughput": out_tokens / wall if wall > 0 else 0.0,
+        "request_throughput": per_s(s["completed"]),
+        "output_token_throughput": per_s(out_tokens),
         "output_tokens": out_tokens,
-        "ttft_s": q(ttfts), "itl_s": q(itls), "mean_itl_per_request_s": q(mean_itls),
-        "slo": {"ttft_s": cfg.ttft_slo, "mean_itl_s": cfg.itl_slo},
-        "goodput_rps": len(good) / wall if wall > 0 else 0.0,
-        "goodput_fraction": len(good) / len(results) if results else 0.0,
+        "goodput_rps": per_s(s["good"]),
         "errors": sorted({r.error for r in results if r.error})[:10],
     }
 

@@ -11,67 +11,13 @@ first token the request is handed to a decode instance, which pulls the KV
 
 from __future__ import annotations
 
-import math
-import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..workload import Workload
 from .clock import VirtualClock
-from .costmodel import CostModel, LINKS, Link
+from pd_operator.perfmodel.costmodel import CostModel, LINKS, Link
 from .engine import Engine, SimRequest
-
-
-@dataclass(frozen=True)
-class LengthDist:
-    """Token-length distribution: ``fixed``, ``uniform`` (mean +- spread*mean) or
-    ``lognormal`` (mean, sigma of the underlying normal)."""
-
-    kind: str = "fixed"
-    mean: float = 1000
-    spread: float = 0.5  # uniform: half-width as a fraction of mean; lognormal: sigma
-    lo: int = 1
-    hi: int = 1_000_000
-
-    def sample(self, rng: random.Random) -> int:
-        if self.kind == "fixed":
-            v = self.mean
-        elif self.kind == "uniform":
-            v = rng.uniform(self.mean * (1 - self.spread), self.mean * (1 + self.spread))
-        elif self.kind == "lognormal":
-            mu = math.log(self.mean) - self.spread ** 2 / 2  # so that E[v] = mean
-            v = rng.lognormvariate(mu, self.spread)
-        else:
-            raise ValueError(f"unknown distribution {self.kind!r}")
-        return int(min(self.hi, max(self.lo, round(v))))
-
-    @classmethod
-    def parse(cls, text: str) -> "LengthDist":
-        """``1000``, ``fixed:1000``, ``uniform:1000[:0.5]``, ``lognormal:1000[:0.6]``."""
-        parts = text.split(":")
-        if len(parts) == 1:
-            return cls("fixed", float(parts[0]))
-        kind, mean, *rest = parts
-        if kind not in ("fixed", "uniform", "lognormal"):
-            raise ValueError(f"unknown distribution {kind!r} (fixed|uniform|lognormal)")
-        spread = float(rest[0]) if rest else (0.5 if kind == "uniform" else 0.6)
-        return cls(kind, float(mean), spread)
-
-
-@dataclass
-class Workload:
-    rate: float  # requests per second (Poisson)
-    isl: LengthDist
-    osl: LengthDist
-    num_requests: int
-    seed: int = 0
-
-    def arrivals(self) -> list[tuple[float, int, int]]:
-        rng = random.Random(self.seed)
-        t, out = 0.0, []
-        for _ in range(self.num_requests):
-            t += rng.expovariate(self.rate)
-            out.append((t, self.isl.sample(rng), self.osl.sample(rng)))
-        return out
 
 
 @dataclass
@@ -91,6 +37,15 @@ class ClientRecord:
     @property
     def itls(self) -> list:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def ok(self) -> bool:
+        return self.done is not None and bool(self.token_times)
+
+    @property
+    def mean_itl(self) -> Optional[float]:
+        gaps = self.itls
+        return sum(gaps) / len(gaps) if gaps else None
 
 
 def _least_loaded(engines: list[Engine]) -> Engine:
@@ -167,26 +122,3 @@ class Fleet:
             self.clock.call_at(t, self.submit, isl, osl)
         self.clock.run(until=until)
         return self.records
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]."""
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    k = (len(v) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-def summarize(records: list[ClientRecord], ttft_slo: float = 1.0, itl_slo: float = 0.05) -> dict:
-    done = [r for r in records if r.done is not None and r.token_times]
-    ttfts = [r.ttft for r in done]
-    itls = [x for r in done for x in r.itls]
-    good = [r for r in done if r.ttft < ttft_slo and (not r.itls or sum(r.itls) / len(r.itls) < itl_slo)]
-    return {
-        "completed": len(done),
-        "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
-        "itl_p50": percentile(itls, 50), "itl_p99": percentile(itls, 99),
-        "goodput_frac": len(good) / len(records) if records else float("nan"),
-    }

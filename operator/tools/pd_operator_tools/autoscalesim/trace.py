@@ -39,7 +39,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from ..sim.fleet import LengthDist
+from ..workload import LengthDist
 
 DAY = 86400.0
 

@@ -20,11 +20,22 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import __version__
-from .api.crd import crd_yaml
+from pd_operator import __version__
+from pd_operator.api.crd import crd_yaml
 
-CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "pd-operator"
-HEADER = "# Generated from operator/pd_operator/chart.py by `pdctl chart`; do not edit.\n"
+CHART_REL = Path("charts") / "pd-operator"
+
+
+def find_chart_dir(start: Path | None = None) -> Path:
+    """``charts/pd-operator`` of the checkout that holds ``start`` (default: the
+    working directory); the generator writes into a source tree, never into an
+    installed package."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / CHART_REL / "Chart.yaml").is_file():
+            return d / CHART_REL
+    raise FileNotFoundError(f"no {CHART_REL}/Chart.yaml in {here} or above: run from a pd-operator checkout, or pass --dir")
+HEADER = "# Generated from operator/tools/pd_operator_tools/generate/chart.py by `pdctl chart`; do not edit.\n"
 
 
 class _M(BaseModel):
@@ -292,7 +303,7 @@ def _with_readme(chart_dir: Path) -> dict[str, str]:
     return files
 
 
-def stale(chart_dir: Path = CHART_DIR) -> list[str]:
+def stale(chart_dir: Path) -> list[str]:
     out = []
     for rel, text in _with_readme(chart_dir).items():
         path = chart_dir / rel
@@ -301,7 +312,7 @@ def stale(chart_dir: Path = CHART_DIR) -> list[str]:
     return out
 
 
-def write(chart_dir: Path = CHART_DIR) -> list[str]:
+def write(chart_dir: Path) -> list[str]:
     written = []
     for rel, text in _with_readme(chart_dir).items():
         path = chart_dir / rel

@@ -40,7 +40,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
-from .costmodel import LINKS, CostModel, Link
+from pd_operator.perfmodel.costmodel import LINKS, CostModel, Link
 
 ROLES = ("unified", "prefill", "decode")
 

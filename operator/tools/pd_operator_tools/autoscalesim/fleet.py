@@ -1,6 +1,6 @@
 """A simulated PD fleet fast enough for a day of traffic (``pdctl autoscale-bench``, ``pdctl simulate``).
 
-Prefill instances are the simulator's own :class:`~pd_operator.sim.engine.Engine`
+Prefill instances are the simulator's own :class:`~pd_operator_tools.enginesim.engine.Engine`
 (role ``prefill``; a few steps per request).  Decode instances are
 :class:`FastDecode`: the same scheduler as ``Engine`` in the decode role
 (FIFO admission while running+transferring < max_num_seqs and the KV reserve
@@ -43,10 +43,10 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from ..sim.clock import VirtualClock
-from ..sim.costmodel import LINKS, CostModel, Link
-from ..sim.engine import Engine, SimRequest, Sink
-from ..sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from ..enginesim.clock import VirtualClock
+from pd_operator.perfmodel.costmodel import LINKS, CostModel, Link
+from ..enginesim.engine import Engine, SimRequest, Sink
+from ..enginesim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 
 TTFT_SLO = 1.0
 ITL_SLO = 0.05

@@ -2,7 +2,7 @@
 
 PURE: no I/O, no clock, no randomness.  Every time is in **milliseconds**.
 
-Calibration (``shared/calibration/h200-qwen3-8b-shape.json``; one H200,
+Calibration (``calibration/h200-qwen3-8b-shape.json`` beside this file; one H200,
 Qwen3-8B shape, plain PyTorch + CUDA graphs, batch-1 prefill)::
 
     prefill(T)      = 3.20 + 0.0270*T + 8.44e-7*T^2                      (fit within 15%)
@@ -20,7 +20,7 @@ Generalisations used by the scheduler (they reduce exactly to the fits above):
   running decode waits for the whole step: this is how prefills interrupt
   decodes and inflate ITL on a non-disaggregated engine.
 
-Shape and tensor-parallel scaling (first order, calibration/README.md):
+Shape and tensor-parallel scaling (first order, ``calibration/README.md``):
 
 * decode fixed term ``a`` ~ weight bytes / TP;
 * decode KV term ``c`` ~ KV bytes per token / TP;
@@ -159,8 +159,9 @@ class Link:
 LINKS = {
     # not measured: one 400 Gb/s NIC ~ 50 GB/s, plus handshake/registration per transfer
     "rdma": Link("rdma", 50.0, 1.0),
-    # measured cuda:0 -> cuda:1: ~225 GB/s as 36 per-layer copies (+15-20 us each)
-    "nvlink": Link("nvlink", 225.0, 0.7),
+    # measured cuda:0 -> cuda:1: 385 GB/s contiguous; as 36 per-layer copies ~15 us more each
+    # (225 GB/s effective for 2000 tokens of the calibrated shape)
+    "nvlink": Link("nvlink", 385.0, 0.54),
     # measured pinned host staging, pipelined: ~49 GB/s
     "pcie": Link("pcie", 49.0, 0.5),
 }

@@ -31,15 +31,16 @@ from dataclasses import dataclass, replace
 
 import yaml
 
-from ..api import SpecError, validate_service
-from ..api.models import PDInferenceService, duration_seconds
-from ..autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, DEFAULT_MAX_BATCHED_TOKENS,
+from pd_operator.api import SpecError, validate_service
+from pd_operator.api.constants import ROLES
+from pd_operator.api.models import PDInferenceService, duration_seconds
+from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, DEFAULT_MAX_BATCHED_TOKENS,
                                   DEFAULT_MAX_NUM_SEQS)
-from ..sim.costmodel import MODELS, CostModel, shape_for
-from .bench import SCRAPE, START_DELAY, PdOperator, Result, run_policy
+from pd_operator.perfmodel.costmodel import MODELS, CostModel, shape_for
+from .policies import PdOperator
+from .reference import SCRAPE, START_DELAY
+from .runner import Result, run_policy
 from .trace import TRACES, RecordedTrace, Trace, TraceError, load_trace
-
-ROLES = ("prefill", "decode")
 
 
 class SimulateError(Exception):
@@ -383,7 +384,7 @@ def main(args) -> int:
     simulate(runs, trace, args.start_delay, args.jobs, initial)
     rep = report(runs, trace, name, args.start_delay)
     if args.png:
-        from .bench import write_png
+        from .report import write_png
 
         results = [replace(r.result, name=r.label) for r in runs]
         write_png(args.png, trace, results, title="PDCTL SIMULATE")

@@ -50,7 +50,7 @@ from aiohttp import ClientSession, ClientTimeout, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .clock import AsyncioClock
-from .costmodel import LINKS, CostModel, Efficiency, Link, ModelShape
+from pd_operator.perfmodel.costmodel import LINKS, CostModel, Efficiency, Link, ModelShape
 from .engine import Engine, SimRequest
 from .metrics import PromSink
 

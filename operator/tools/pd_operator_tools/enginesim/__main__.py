@@ -1,4 +1,4 @@
-"""``python -m pd_operator.sim [SIM OPTIONS] -- <engine command line>``
+"""``python -m pd_operator_tools.enginesim [SIM OPTIONS] -- <engine command line>``
 
 The engine command line is the one the operator renders for the real engine
 (``vllm serve MODEL ...`` or ``python3 -m sglang.launch_server ...``).  It is
@@ -17,15 +17,15 @@ import re
 import signal
 import sys
 
-from ..render.engines.flagset import FlagError, check_argv, split_command
-from .costmodel import LINKS, Efficiency, Link, shape_for, MODELS
+from pd_operator.render.engines.flagset import FlagError, check_argv, split_command
+from pd_operator.perfmodel.costmodel import LINKS, Efficiency, Link, shape_for, MODELS
 from .server import SimConfig, SimServer
 
 VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
 
 
 def sim_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pd_operator.sim",
+    p = argparse.ArgumentParser(prog="python -m pd_operator_tools.enginesim",
                                 description="simulated vLLM/SGLang engine; give the engine command after --")
     p.add_argument("--bind", help="address to listen on instead of the command's --host (e.g. the pod IP)")
     p.add_argument("--bind-port", type=int, help="port to listen on instead of the command's --port")
@@ -132,7 +132,7 @@ async def _serve(cfg: SimConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print("usage: python -m pd_operator.sim [SIM OPTIONS] -- <engine command line>", file=sys.stderr)
+        print("usage: python -m pd_operator_tools.enginesim [SIM OPTIONS] -- <engine command line>", file=sys.stderr)
         return 2
     i = argv.index("--")
     opts = sim_parser().parse_args(argv[:i])
