@@ -22,6 +22,7 @@ from .constants import (
     DEFAULT_BACKEND,
     DEFAULT_ROUTER,
     ENGINE_BACKENDS,
+    ENGINE_TEARDOWN_MARGIN_S,
     ENGINE_IMAGES,
     ENGINE_VERSIONS,
     KIND,
@@ -563,7 +564,13 @@ class PoolSpec(Base):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for tainted (GPU) nodes.")
     priority_class_name: Optional[SecretName] = Field(None, description="PriorityClass of the pool's pods.")
     annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pool's pods.")
-    drain_seconds: int = Field(10, ge=0, le=600, description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops sending it new requests.")
+    drain_seconds: int = Field(
+        10, ge=0, le=600,
+        description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops "
+        "sending it new requests. The engine then drains its in-flight requests for the rest of "
+        f"terminationGracePeriodSeconds, less {ENGINE_TEARDOWN_MARGIN_S} s kept for its teardown "
+        "(vLLM --shutdown-timeout; SGLang drains until all requests are done).",
+    )
 
     def desired_replicas(self, current: int | None) -> int:
         """The replica count to apply, given the pool's current size (None: not created yet).
@@ -582,6 +589,24 @@ class PoolSpec(Base):
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
+    def engine_shutdown_timeout(self) -> int:
+        """Seconds the engine may drain in-flight requests after SIGTERM: what the
+        grace period leaves after the preStop sleep and the teardown margin."""
+        return self.termination_grace_period_seconds - self.drain_seconds - ENGINE_TEARDOWN_MARGIN_S
+
+
+def _grace_rule(pool: str) -> Rule:
+    need = ENGINE_TEARDOWN_MARGIN_S + 1
+    return Rule(
+        cel=f"self.terminationGracePeriodSeconds >= self.drainSeconds + {need}",
+        message=f"{pool}.terminationGracePeriodSeconds must be at least drainSeconds + {need}: after the preStop sleep "
+        f"(drainSeconds) the engine drains in-flight requests for terminationGracePeriodSeconds - drainSeconds - "
+        f"{ENGINE_TEARDOWN_MARGIN_S} s ({ENGINE_TEARDOWN_MARGIN_S} s are kept for its teardown), and with no time "
+        "left it would abort them: raise terminationGracePeriodSeconds or lower drainSeconds",
+        check=lambda s: s.engine_shutdown_timeout() >= 1,
+        field_path=".terminationGracePeriodSeconds",
+    )
+
 
 def _gpus_cel(pool: str) -> str:
     return f"self.{pool}.tensorParallelSize * self.{pool}.pipelineParallelSize * self.{pool}.dataParallelSize"
@@ -590,15 +615,19 @@ def _gpus_cel(pool: str) -> str:
 class PrefillPool(PoolSpec):
     """The prefill pool: reads prompts, fills KV cache, hands it to decode."""
 
-    termination_grace_period_seconds: int = Field(120, ge=0, le=86400, description="How long a stopping prefill pod may take to finish in-flight prefills.")
+    termination_grace_period_seconds: int = Field(120, ge=0, le=86400, description="How long a stopping prefill pod may take to finish in-flight prefills (preStop drainSeconds included).")
     autoscaling: PrefillAutoscaling = obj(description="TTFT-driven autoscaling of the prefill pool.", default_factory=PrefillAutoscaling)
+
+    rules = (_grace_rule("prefill"),)
 
 
 class DecodePool(PoolSpec):
     """The decode pool: generates output tokens from transferred KV cache."""
 
-    termination_grace_period_seconds: int = Field(600, ge=0, le=86400, description="How long a stopping decode pod may take to finish in-flight generations.")
+    termination_grace_period_seconds: int = Field(600, ge=0, le=86400, description="How long a stopping decode pod may take to finish in-flight generations (preStop drainSeconds included).")
     autoscaling: DecodeAutoscaling = obj(description="ITL-driven autoscaling of the decode pool.", default_factory=DecodeAutoscaling)
+
+    rules = (_grace_rule("decode"),)
 
 
 # --------------------------------------------------------------------------

@@ -18,6 +18,10 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
 - Decode sets ``kv_load_failure_policy: recompute``: a lost prefill pod
   degrades to recomputation instead of failed requests.
 - Auth: env VLLM_API_KEY protects /v1; /health stays open for probes.
+- SIGTERM: ``--shutdown-timeout`` 0 (the default) aborts every in-flight
+  request; N > 0 rejects new ones and drains for up to N s
+  (engine/arg_utils.py, v1/engine/core.py ``_handle_shutdown``). The renderer
+  sets it to what the grace period leaves after the preStop sleep.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class VLLMAdapter(EngineAdapter):
             "--max-model-len", "--revision", "--trust-remote-code",
             "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
             "--enable-prefix-caching", "--no-enable-prefix-caching",
+            "--shutdown-timeout",
         }
     )
 
@@ -117,6 +122,9 @@ class VLLMAdapter(EngineAdapter):
         if pool.enable_prefix_caching is not None:
             argv.append("--enable-prefix-caching" if pool.enable_prefix_caching else "--no-enable-prefix-caching")
         argv += ["--kv-transfer-config", compact_json(self.kv_transfer_config(role))]
+        # 0 (the default) aborts every in-flight request on SIGTERM; > 0 drains
+        # them for up to that many seconds (v1/engine/core.py _handle_shutdown).
+        argv += ["--shutdown-timeout", str(pool.engine_shutdown_timeout())]
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
         return argv
 
