@@ -65,3 +65,115 @@ def test_shutdown_timeout_is_managed():
     with pytest.raises(SpecError) as info:
         objects(minimal(engine={"kind": "vllm", "extraArgs": ["--shutdown-timeout", "0"]}))
     assert "spec.engine.extraArgs[0]" in dict(info.value.problems)
+
+
+# ---------------------------------------------------------------- 2. TP rules, over the grid
+
+# What each pinned engine enforces between prefill TP (P) and decode TP (D).
+# "divides": one of P, D is a multiple of the other.
+#   vLLM NixlConnector: kv_connector/utils.py TransferTopology.tp_ratio asserts
+#     local % remote == 0 (local >= remote) or remote % local == 0; both directions
+#     are mapped (nixl/tp_mapping.py compute_tp_mapping).
+#   vLLM MooncakeConnector: mooncake/mooncake_connector.py _get_tp_ratio, the same asserts.
+#   SGLang mooncake and nixl: disaggregation/common/conn.py _resolve_rank_mapping maps
+#     ranks with attn_tp // other attn_tp; the TP that counts is the attention TP
+#     (runtime_context.py derive_attn_tp_size = tp_size // attn_dp_size).
+TP_RULE = {
+    ("vllm", "nixl"): ("divides", "NixlConnector"),
+    ("vllm", "mooncake"): ("divides", "MooncakeConnector"),
+    ("sglang", "mooncake"): ("divides", "SGLang"),
+    ("sglang", "nixl"): ("divides", "SGLang"),
+}
+# DP layouts per engine: (prefill DP, decode DP, DP attention). SGLang with attention DP
+# needs TP % DP == 0 (arg_groups/parallel_hook.py) and maps attention TP = TP / DP.
+DP_LAYOUTS = {
+    "vllm": [(1, 1, False), (1, 4, False), (2, 1, False)],
+    "sglang": [(1, 1, False), (2, 2, False), (1, 2, True)],
+}
+GRID = [(engine, backend, dp, p, d)
+        for (engine, backend) in TP_RULE for dp in DP_LAYOUTS[engine] for p in range(1, 9) for d in range(1, 9)]
+
+
+def _divides(a: int, b: int) -> bool:
+    return a % b == 0 or b % a == 0
+
+
+@pytest.mark.parametrize("engine,backend,dp,p,d", GRID)
+def test_tp_grid(engine, backend, dp, p, d):
+    pdp, ddp, attn = dp
+    obj = minimal(engine, kvTransfer={"backend": backend}, topology={"gpusPerNode": 64},
+                  prefill={"tensorParallelSize": p, "dataParallelSize": pdp},
+                  decode={"tensorParallelSize": d, "dataParallelSize": ddp, **({"dataParallelAttention": True} if attn else {})})
+    rule, reason = TP_RULE[(engine, backend)]
+    assert rule == "divides"
+    if attn and d % ddp:
+        msg = problems(obj)["spec.decode.dataParallelSize"]
+        assert "multiple of dataParallelSize" in msg
+        return
+    d_attn = d // ddp if attn else d
+    if _divides(p, d_attn):
+        validate_service(obj)
+        render(validate_service(obj))
+    else:
+        msg = problems(obj)["spec.decode.tensorParallelSize"]
+        assert reason in msg and "divide" in msg
+
+
+def test_nixl_pipeline_parallel_on_decode_is_refused():
+    # nixl/base_worker.py: kv_consumer with pipeline_parallel_size > 1 raises NotImplementedError
+    p = problems(minimal(decode={"pipelineParallelSize": 2}))
+    assert "pipeline parallelism on decode" in p["spec.decode.pipelineParallelSize"]
+    # a producer (prefill) with PP > 1 is supported (push/pull pp_size handling)
+    validate_service(minimal(prefill={"pipelineParallelSize": 2}))
+    # MooncakeConnector handles unequal PP (remote_pp_size in its transfer metadata)
+    validate_service(minimal(kvTransfer={"backend": "mooncake"}, decode={"pipelineParallelSize": 2}))
+
+
+# ---------------------------------------------------------------- 4. managed flags by any alias
+
+# Aliases the pinned parsers register for flags the operator renders (flag-set
+# snapshots, from SGLang ServerArgs Arg(aliases=...) and vLLM's add_argument).
+@pytest.mark.parametrize("kind,args", [
+    ("sglang", ["--tensor-parallel-size", "2"]),        # alias of --tp-size
+    ("sglang", ["--data-parallel-size", "2"]),          # alias of --dp-size
+    ("sglang", ["--pipeline-parallel-size", "2"]),      # alias of --pp-size
+    ("sglang", ["--attention-data-parallel-size", "2"]),  # alias of --attn-dp-size
+    ("sglang", ["--nccl-init-addr", "x:1"]),             # alias of --dist-init-addr: not managed, must pass
+    ("vllm", ["--device-memory-utilization", "0.5"]),   # alias of --gpu-memory-utilization
+    ("vllm", ["--disable-prefix-caching"]),             # negative alias of --enable-prefix-caching
+    ("vllm", ["--tensor_parallel_size", "2"]),          # underscores are dashes to vLLM
+    ("vllm", ["--kv-transfer-config.kv_role", "kv_both"]),  # dotted JSON key of a managed flag
+    ("vllm", ["-tp=2"]),
+])
+def test_managed_flags_are_refused_by_any_alias(kind, args):
+    obj = minimal(kind, engine={"kind": kind, "extraArgs": args})
+    if args[0] == "--nccl-init-addr":
+        objects(obj)
+        return
+    with pytest.raises(SpecError) as info:
+        objects(obj)
+    msg = dict(info.value.problems)["spec.engine.extraArgs[0]"]
+    assert "set by the operator" in msg
+
+
+# ---------------------------------------------------------------- 9. SGLang attention DP shares the TP GPUs
+
+def test_sglang_dp_attention_counts_the_tp_gpus():
+    # managers/data_parallel_controller.py: launch_dp_attention_schedulers runs the
+    # attention-DP ranks inside one TP group (TP x PP GPUs); launch_dp_schedulers gives
+    # each DP replica its own TP x PP GPUs.
+    obj = minimal("sglang", decode={"tensorParallelSize": 8, "dataParallelSize": 8, "dataParallelAttention": True})
+    c = container(obj, "decode")
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert flag(c["command"], "--attn-dp-size") == "8" and "--dp-size" not in c["command"]
+    # the same sizes as DP replicas: 64 GPUs, more than a node
+    p = problems(minimal("sglang", decode={"tensorParallelSize": 8, "dataParallelSize": 8}))
+    assert "must fit on one node" in p["spec.decode.tensorParallelSize"]
+
+
+def test_dp_attention_needs_tp_multiple_of_dp_and_is_sglang_only():
+    # arg_groups/parallel_hook.py: assert tp_size % attn_dp_size == 0
+    p = problems(minimal("sglang", decode={"tensorParallelSize": 4, "dataParallelSize": 8, "dataParallelAttention": True}))
+    assert "multiple of dataParallelSize" in p["spec.decode.dataParallelSize"]
+    p = problems(minimal("vllm", decode={"dataParallelSize": 2, "dataParallelAttention": True}))
+    assert "SGLang setting" in p["spec.engine.kind"]

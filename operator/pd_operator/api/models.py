@@ -548,7 +548,14 @@ class PoolSpec(Base):
     )
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs a model copy is split across (tensor parallelism).")
     pipeline_parallel_size: int = Field(1, ge=1, le=16, description="Pipeline stages per replica.")
-    data_parallel_size: int = Field(1, ge=1, le=64, description="Data-parallel engine ranks inside one replica (vLLM --data-parallel-size, SGLang --dp-size).")
+    data_parallel_size: int = Field(1, ge=1, le=64, description="Data-parallel engine ranks inside one replica (vLLM --data-parallel-size, SGLang --dp-size, "
+                                    "or --attn-dp-size with dataParallelAttention).")
+    data_parallel_attention: bool = Field(
+        False,
+        description="SGLang only: dataParallelSize is the attention data-parallel width inside the tensor-parallel group "
+        "(--attn-dp-size, formerly --dp-size with --enable-dp-attention): the DP ranks share the "
+        "tensorParallelSize x pipelineParallelSize GPUs, and tensorParallelSize must be a multiple of dataParallelSize.",
+    )
     gpu_product: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[-._a-zA-Z0-9]+$")]] = Field(
         None,
         description="Required GPU model, matched against the node label topology.gpuProductLabel (GPU Feature Discovery), e.g. NVIDIA-H200.",
@@ -587,7 +594,19 @@ class PoolSpec(Base):
         return current if current is not None else 1
 
     def gpus_per_replica(self) -> int:
+        """GPUs one replica uses. SGLang 0.5.23 gives each DP replica its own
+        TP x PP GPUs (data_parallel_controller.py launch_dp_schedulers), while
+        attention-DP ranks share the TP GPUs (launch_dp_attention_schedulers)."""
+        if self.data_parallel_attention:
+            return self.tensor_parallel_size * self.pipeline_parallel_size
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    def attention_tp_size(self) -> int:
+        """The TP width KV is sharded over, which the KV transfer maps between
+        pools: SGLang's attn_tp_size = tp_size // attn_dp_size (runtime_context.py)."""
+        if self.data_parallel_attention and self.tensor_parallel_size % self.data_parallel_size == 0:
+            return self.tensor_parallel_size // self.data_parallel_size
+        return self.tensor_parallel_size  # (not a multiple: refused by its own rule)
 
     def engine_shutdown_timeout(self) -> int:
         """Seconds the engine may drain in-flight requests after SIGTERM: what the
@@ -609,7 +628,15 @@ def _grace_rule(pool: str) -> Rule:
 
 
 def _gpus_cel(pool: str) -> str:
-    return f"self.{pool}.tensorParallelSize * self.{pool}.pipelineParallelSize * self.{pool}.dataParallelSize"
+    p = f"self.{pool}"
+    return (f"({p}.dataParallelAttention ? {p}.tensorParallelSize * {p}.pipelineParallelSize : "
+            f"{p}.tensorParallelSize * {p}.pipelineParallelSize * {p}.dataParallelSize)")
+
+
+def _attn_tp_cel(pool: str) -> str:
+    p = f"self.{pool}"
+    return (f"({p}.dataParallelAttention && {p}.tensorParallelSize % {p}.dataParallelSize == 0 ? "
+            f"{p}.tensorParallelSize / {p}.dataParallelSize : {p}.tensorParallelSize)")
 
 
 class PrefillPool(PoolSpec):
@@ -752,10 +779,27 @@ def _router_kind_cel() -> str:
 def _pool_gpus_rule(pool: str) -> Rule:
     return Rule(
         cel=f"{_gpus_cel(pool)} <= self.topology.gpusPerNode",
-        message=f"{pool}: tensorParallelSize x pipelineParallelSize x dataParallelSize must fit on one node "
+        message=f"{pool}: the GPUs of a replica (tensorParallelSize x pipelineParallelSize, x dataParallelSize "
+        "unless dataParallelAttention) must fit on one node "
         f"(topology.gpusPerNode); multi-node replicas are not supported yet: lower the parallel sizes",
         check=lambda s: getattr(s, pool).gpus_per_replica() <= s.topology.gpus_per_node,
         field_path=f".{pool}.tensorParallelSize",
+    )
+
+
+def _divides(a: int, b: int) -> bool:
+    """One of two TP sizes divides the other."""
+    return a % b == 0 or b % a == 0
+
+
+def _dp_attention_rule(pool: str) -> Rule:
+    return Rule(
+        cel=f"!self.{pool}.dataParallelAttention || self.{pool}.tensorParallelSize % self.{pool}.dataParallelSize == 0",
+        message=f"{pool}: with dataParallelAttention, tensorParallelSize must be a multiple of dataParallelSize "
+        "(SGLang splits the TP group into dataParallelSize attention groups): change one of them",
+        check=lambda s: not getattr(s, pool).data_parallel_attention
+        or getattr(s, pool).tensor_parallel_size % getattr(s, pool).data_parallel_size == 0,
+        field_path=f".{pool}.dataParallelSize",
     )
 
 
@@ -795,21 +839,41 @@ class PDInferenceServiceSpec(Base):
             field_path=".kvTransfer.backend",
         ),
         Rule(
-            cel=f"self.engine.kind != 'vllm' || !({_backend_cel()} in ['nixl', 'lmcache']) || self.decode.tensorParallelSize >= self.prefill.tensorParallelSize",
-            message="vLLM NixlConnector (backends nixl and lmcache) needs decode.tensorParallelSize >= prefill.tensorParallelSize: "
-            "raise decode.tensorParallelSize or lower prefill.tensorParallelSize",
-            check=lambda s: s.engine.kind != "vllm" or s.backend() not in ("nixl", "lmcache")
-            or s.decode.tensor_parallel_size >= s.prefill.tensor_parallel_size,
+            cel="self.engine.kind != 'vllm' || (self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 || "
+            "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0)",
+            message="vLLM's KV connectors (NixlConnector, MooncakeConnector) map tensor-parallel ranks between prefill and decode "
+            "only when one tensorParallelSize divides the other (e.g. 4 and 8, 2 and 1; not 4 and 6): make one a "
+            "multiple of the other",
+            check=lambda s: s.engine.kind != "vllm" or _divides(s.prefill.tensor_parallel_size, s.decode.tensor_parallel_size),
             field_path=".decode.tensorParallelSize",
         ),
         Rule(
-            cel=f"self.engine.kind != 'vllm' || {_backend_cel()} != 'mooncake' || self.decode.tensorParallelSize == self.prefill.tensorParallelSize",
-            message="vLLM MooncakeConnector needs the same tensorParallelSize on prefill and decode: make them equal, "
-            "or use kvTransfer.backend nixl (decode TP >= prefill TP) or engine sglang",
-            check=lambda s: s.engine.kind != "vllm" or s.backend() != "mooncake"
-            or s.decode.tensor_parallel_size == s.prefill.tensor_parallel_size,
+            cel=f"self.engine.kind != 'sglang' || ({_attn_tp_cel('prefill')} % {_attn_tp_cel('decode')} == 0 || "
+            f"{_attn_tp_cel('decode')} % {_attn_tp_cel('prefill')} == 0)",
+            message="SGLang maps attention tensor-parallel ranks between prefill and decode by integer division, so one "
+            "pool's attention TP (tensorParallelSize, divided by dataParallelSize with dataParallelAttention) must divide "
+            "the other's; otherwise some prefill ranks' KV is never read: make one a multiple of the other",
+            check=lambda s: s.engine.kind != "sglang"
+            or _divides(s.prefill.attention_tp_size(), s.decode.attention_tp_size()),
             field_path=".decode.tensorParallelSize",
         ),
+        Rule(
+            cel=f"self.engine.kind != 'vllm' || !({_backend_cel()} in ['nixl', 'lmcache']) || self.decode.pipelineParallelSize == 1",
+            message="vLLM NixlConnector does not support pipeline parallelism on decode (kv_consumer): set "
+            "decode.pipelineParallelSize 1 (prefill may use pipeline parallelism)",
+            check=lambda s: s.engine.kind != "vllm" or s.backend() not in ("nixl", "lmcache")
+            or s.decode.pipeline_parallel_size == 1,
+            field_path=".decode.pipelineParallelSize",
+        ),
+        Rule(
+            cel="self.engine.kind == 'sglang' || (!self.prefill.dataParallelAttention && !self.decode.dataParallelAttention)",
+            message="dataParallelAttention is an SGLang setting: vLLM's data-parallel ranks each use their own "
+            "tensorParallelSize GPUs; unset it",
+            check=lambda s: s.engine.kind == "sglang" or not (s.prefill.data_parallel_attention or s.decode.data_parallel_attention),
+            field_path=".engine.kind",
+        ),
+        _dp_attention_rule("prefill"),
+        _dp_attention_rule("decode"),
         Rule(
             cel=f"{_backend_cel()} != 'moriio' || self.engine.accelerator == 'amd'",
             message="kvTransfer.backend moriio (vLLM MoRIIOConnector) runs on AMD ROCm only: set engine.accelerator amd "

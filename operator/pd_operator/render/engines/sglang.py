@@ -34,6 +34,7 @@ class SGLangAdapter(EngineAdapter):
         {
             "--model-path", "--model", "--served-model-name", "--host", "--port",
             "--tp-size", "--tp", "--pp-size", "--dp-size", "--dp",
+            "--attn-dp-size", "--enable-dp-attention",
             "--disaggregation-mode", "--disaggregation-transfer-backend",
             "--disaggregation-bootstrap-port", "--disaggregation-ib-device",
             "--disaggregation-decode-tp", "--disaggregation-decode-dp",
@@ -58,7 +59,9 @@ class SGLangAdapter(EngineAdapter):
         if pool.pipeline_parallel_size > 1:
             argv += ["--pp-size", str(pool.pipeline_parallel_size)]
         if pool.data_parallel_size > 1:
-            argv += ["--dp-size", str(pool.data_parallel_size)]
+            # attention DP inside the TP group (0.5.23: --attn-dp-size; the old
+            # --dp-size N --enable-dp-attention is deprecated), or DP replicas
+            argv += ["--attn-dp-size" if pool.data_parallel_attention else "--dp-size", str(pool.data_parallel_size)]
         argv += [
             "--disaggregation-mode", role,
             "--disaggregation-transfer-backend", self.transfer_backend(),
@@ -106,7 +109,7 @@ class SGLangAdapter(EngineAdapter):
     def engine_env(self, role: str) -> list[dict]:
         spec = self.spec
         env: list[dict] = []
-        if spec.prefill.tensor_parallel_size != spec.decode.tensor_parallel_size:
+        if spec.prefill.attention_tp_size() != spec.decode.attention_tp_size():
             env.append({"name": "SGLANG_DISAGG_STAGING_BUFFER", "value": "1"})
         if spec.backend() == "nixl":
             nixl_backend = spec.kv_transfer.nixl.backends[0]

@@ -10,7 +10,10 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
   side channel from env VLLM_NIXL_SIDE_CHANNEL_HOST (the pod IP, downward API;
   the default is localhost) and VLLM_NIXL_SIDE_CHANNEL_PORT (+ the DP rank).
 - MooncakeConnector: ``kv_producer`` on prefill, ``kv_consumer`` on decode,
-  VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill; equal TP.
+  VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill.
+- TP between the pools (both connectors): one TP must divide the other
+  (kv_connector/utils.py ``tp_ratio``, mooncake_connector.py ``_get_tp_ratio``);
+  NIXL decode cannot use PP > 1 (nixl/base_worker.py). Rules in api/models.py.
 - lmcache backend: MultiConnector of NixlConnector (the PD handoff, which
   vllm-router drives) and LMCacheConnectorV1 (CPU/remote cache tier), both
   kv_both; LMCache reads LMCACHE_CONFIG_FILE (a ConfigMap the renderer writes).
