@@ -177,3 +177,34 @@ def test_dp_attention_needs_tp_multiple_of_dp_and_is_sglang_only():
     assert "multiple of dataParallelSize" in p["spec.decode.dataParallelSize"]
     p = problems(minimal("vllm", decode={"dataParallelSize": 2, "dataParallelAttention": True}))
     assert "SGLang setting" in p["spec.engine.kind"]
+
+
+# ---------------------------------------------------------------- 3. env merged by name
+
+RDMA = {"resourceName": "rdma/ib", "ibDevices": ["mlx5_0"]}
+
+
+@pytest.mark.parametrize("kind,name,extra", [
+    ("vllm", "UCX_TLS", {"kvTransfer": {"rdma": RDMA}}),
+    ("vllm", "UCX_NET_DEVICES", {"kvTransfer": {"rdma": RDMA}}),
+    ("vllm", "HF_HOME", {}),
+    ("vllm", "VLLM_NIXL_SIDE_CHANNEL_PORT", {}),
+    ("sglang", "SGLANG_DISAGG_STAGING_BUFFER", {"prefill": {"tensorParallelSize": 2}}),
+    ("sglang", "HF_HOME", {}),
+])
+def test_user_env_replaces_the_operator_value(kind, name, extra):
+    # A pod with two env entries of one name is refused by the API server
+    # (StatefulSet validation); the user's value must win, once.
+    obj = minimal(kind, engine={"kind": kind, "env": [{"name": name, "value": "mine"}]}, **extra)
+    for role in ("prefill", "decode"):
+        env = container(obj, role)["env"]
+        names = [e["name"] for e in env]
+        assert len(names) == len(set(names)), names
+        assert {"name": name, "value": "mine"} in env
+
+
+def test_pool_env_wins_over_engine_env():
+    obj = minimal(engine={"kind": "vllm", "env": [{"name": "X", "value": "engine"}]},
+                  decode={"env": [{"name": "X", "value": "pool"}]})
+    assert [e for e in container(obj, "decode")["env"] if e["name"] == "X"] == [{"name": "X", "value": "pool"}]
+    assert [e for e in container(obj, "prefill")["env"] if e["name"] == "X"] == [{"name": "X", "value": "engine"}]

@@ -66,9 +66,11 @@ class EngineAdapter(ABC):
                 env.append(secret_env("HF_TOKEN", spec.model.source.token_secret_ref))
         env += self.ucx_env()
         env += self.engine_env(role)
-        env += [e.dump() for e in spec.engine.env]
-        env += [e.dump() for e in self.pool(role).env]
-        return env
+        # One entry per name (the API server refuses a container with two):
+        # engine.env replaces what the operator set, the pool's env replaces
+        # both; a replaced entry keeps its place, so $(VAR) references that
+        # follow it still see it defined first.
+        return merge_env(env, [e.dump() for e in spec.engine.env], [e.dump() for e in self.pool(role).env])
 
     def rdma_enabled(self) -> bool:
         rdma = self.spec.kv_transfer.rdma
@@ -112,6 +114,15 @@ class EngineAdapter(ABC):
             self.flagset_argv(),
             self.svc.metadata.name,
         )
+
+
+def merge_env(*layers: list[dict]) -> list[dict]:
+    """Env lists merged by name, later layers winning, in first-seen order."""
+    merged: dict[str, dict] = {}
+    for layer in layers:
+        for entry in layer:
+            merged[entry["name"]] = entry
+    return list(merged.values())
 
 
 def compact_json(value) -> str:
