@@ -208,3 +208,34 @@ def test_pool_env_wins_over_engine_env():
                   decode={"env": [{"name": "X", "value": "pool"}]})
     assert [e for e in container(obj, "decode")["env"] if e["name"] == "X"] == [{"name": "X", "value": "pool"}]
     assert [e for e in container(obj, "prefill")["env"] if e["name"] == "X"] == [{"name": "X", "value": "engine"}]
+
+
+# ---------------------------------------------------------------- 6. port clashes on a pod
+
+# Ports an engine pod listens on: the API port (vLLM --port 8000, SGLang --port 30000);
+# the bootstrap server on prefill (SGLang --disaggregation-bootstrap-port; vLLM Mooncake
+# VLLM_MOONCAKE_BOOTSTRAP_PORT); vLLM NIXL side channel VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank
+# (nixl utils); MoRIIO handshake_port and notify_port + dp_rank * tp_size + tp_rank
+# (moriio_common.py). Two of them equal: the second bind fails at start.
+@pytest.mark.parametrize("kind,spec,field", [
+    ("sglang", {"kvTransfer": {"bootstrapPort": 30000}}, "spec.kvTransfer.bootstrapPort"),
+    ("vllm", {"kvTransfer": {"backend": "mooncake", "bootstrapPort": 8000}}, "spec.kvTransfer.bootstrapPort"),
+    ("vllm", {"kvTransfer": {"nixl": {"sideChannelPort": 8000}}}, "spec.kvTransfer.nixl.sideChannelPort"),
+    # side channel of DP rank 3 = 7997 + 3 = the API port
+    ("vllm", {"kvTransfer": {"nixl": {"sideChannelPort": 7997}}, "decode": {"dataParallelSize": 4}},
+     "spec.kvTransfer.nixl.sideChannelPort"),
+    ("vllm", {"engine": {"kind": "vllm", "accelerator": "amd", "image": "rocm/vllm:x"},
+              "kvTransfer": {"backend": "moriio", "moriio": {"handshakePort": 7000, "notifyPort": 6999}},
+              "decode": {"tensorParallelSize": 2}}, "spec.kvTransfer.moriio.notifyPort"),
+])
+def test_equal_ports_on_a_pod_are_refused(kind, spec, field):
+    obj = minimal(kind, **spec)
+    with pytest.raises(SpecError) as info:
+        objects(obj)
+    problems_ = dict(info.value.problems)
+    assert field in problems_ and "port" in problems_[field], problems_
+
+
+def test_distinct_ports_pass():
+    objects(minimal("vllm", kvTransfer={"nixl": {"sideChannelPort": 7996}}, decode={"dataParallelSize": 4}))
+    objects(minimal("sglang", kvTransfer={"bootstrapPort": 30001}))

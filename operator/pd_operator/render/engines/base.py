@@ -38,6 +38,31 @@ class EngineAdapter(ABC):
         """Container ports; ``http`` serves the API, /health and /metrics."""
         return [{"name": "http", "containerPort": self.http_port, "protocol": "TCP"}]
 
+    def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
+        """Every port the engine listens on in a pod of a role:
+        (port, spec field that sets it, what it is). The API port is fixed."""
+        return [(self.http_port, "", f"the {self.kind} API port")]
+
+    def check_ports(self) -> None:
+        """Refuse a spec whose pods would listen twice on one port (the second bind fails at start)."""
+        from ...api.errors import SpecError
+
+        problems: dict[str, str] = {}
+        for role in ("prefill", "decode"):
+            seen: dict[int, tuple[str, str]] = {}
+            for port, field, what in self.listen_ports(role):
+                if port in seen:
+                    other_field, other = seen[port]
+                    blame = field or other_field
+                    problems.setdefault(
+                        f"spec.{blame}",
+                        f"port {port} is used twice on a {role} pod: {what} and {other}; choose another {blame.rsplit('.', 1)[-1]}",
+                    )
+                else:
+                    seen[port] = (field, what)
+        if problems:
+            raise SpecError(list(problems.items()), self.svc.metadata.name)
+
     def metrics_path(self) -> str:
         return "/metrics"
 

@@ -125,5 +125,11 @@ class SGLangAdapter(EngineAdapter):
             ports.append({"name": "bootstrap", "containerPort": self.spec.kv_transfer.bootstrap_port, "protocol": "TCP"})
         return ports
 
+    def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
+        ports = super().listen_ports(role)
+        if role == "prefill":
+            ports.append((self.spec.kv_transfer.bootstrap_port, "kvTransfer.bootstrapPort", "the bootstrap server"))
+        return ports
+
     def flagset_argv(self) -> list[str]:
         return ["python3", "-m", "sglang.launch_server", "--model-path", "model"]

@@ -165,6 +165,24 @@ class VLLMAdapter(EngineAdapter):
             ports.append({"name": "moriio-notify", "containerPort": kvt.moriio.notify_port, "protocol": "TCP"})
         return ports
 
+    def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
+        ports = super().listen_ports(role)
+        kvt = self.spec.kv_transfer
+        backend = self.spec.backend()
+        pool = self.pool(role)
+        if backend in ("nixl", "lmcache"):
+            # VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index (nixl/utils.py)
+            ports += [(kvt.nixl.side_channel_port + r, "kvTransfer.nixl.sideChannelPort", f"the NIXL side channel of DP rank {r}")
+                      for r in range(pool.data_parallel_size)]
+        elif backend == "mooncake" and role == "prefill":
+            ports.append((kvt.bootstrap_port, "kvTransfer.bootstrapPort", "the Mooncake bootstrap server"))
+        elif backend == "moriio":
+            ports.append((kvt.moriio.handshake_port, "kvTransfer.moriio.handshakePort", "the MoRIIO handshake port"))
+            # notify_port + dp_rank * tp_size + tp_rank (moriio_common.py get_port_offset)
+            n = pool.data_parallel_size * pool.tensor_parallel_size
+            ports += [(kvt.moriio.notify_port + i, "kvTransfer.moriio.notifyPort", f"MoRIIO notify port {i}") for i in range(n)]
+        return ports
+
     def config_files(self) -> dict[str, str]:
         """LMCache's config file: prefill stores to, decode loads from, the shared backend."""
         opts = self.spec.kv_transfer.lmcache
