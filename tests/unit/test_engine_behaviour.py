@@ -239,3 +239,40 @@ def test_equal_ports_on_a_pod_are_refused(kind, spec, field):
 def test_distinct_ports_pass():
     objects(minimal("vllm", kvTransfer={"nixl": {"sideChannelPort": 7996}}, decode={"dataParallelSize": 4}))
     objects(minimal("sglang", kvTransfer={"bootstrapPort": 30001}))
+
+
+# ---------------------------------------------------------------- 5. Mooncake over RDMA needs RDMA
+
+# vLLM mooncake_connector.py: mooncake_protocol defaults to "rdma" and the transfer
+# engine's initialize() failing raises "Mooncake Transfer Engine initialization failed";
+# SGLang --disaggregation-transfer-backend mooncake is the RDMA backend, mooncake_tcp TCP.
+def test_mooncake_without_rdma_uses_tcp():
+    c = container(minimal("sglang"), "prefill")
+    assert flag(c["command"], "--disaggregation-transfer-backend") == "mooncake_tcp"
+    c = container(minimal("vllm", kvTransfer={"backend": "mooncake"}), "decode")
+    assert '"mooncake_protocol":"tcp"' in flag(c["command"], "--kv-transfer-config")
+
+
+def test_mooncake_with_rdma_uses_rdma():
+    c = container(minimal("sglang", kvTransfer={"rdma": RDMA}), "prefill")
+    assert flag(c["command"], "--disaggregation-transfer-backend") == "mooncake"
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+def test_mooncake_rdma_set_without_a_device_is_refused():
+    p = problems(minimal("sglang", kvTransfer={"mooncake": {"protocol": "rdma"}}))
+    assert "kvTransfer.rdma.resourceName" in p["spec.kvTransfer.mooncake.protocol"]
+
+
+def test_status_says_tcp_was_chosen():
+    from pd_operator.controller.status import Observed, compute_status
+    from tests.unit.test_status import deploy
+    from tests.unit.test_status import sts as ready_sts
+
+    obs = Observed({"prefill": ready_sts(1, 1), "decode": ready_sts(1, 1)}, deploy(1, 1), {})
+    ready = {}
+    for spec, says in ((minimal("sglang"), True), (minimal("sglang", kvTransfer={"rdma": RDMA}), False)):
+        status = compute_status(validate_service(spec), obs, 1, None, "2026-01-01T00:00:00Z")
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
+        assert ("Mooncake TCP" in ready["message"]) == says

@@ -334,7 +334,12 @@ class NixlOptions(Base):
 class MooncakeOptions(Base):
     """Mooncake transfer options (vLLM MooncakeConnector, SGLang mooncake backend)."""
 
-    protocol: Literal["rdma", "tcp"] = Field("rdma", description="Mooncake transfer protocol: rdma, or tcp for clusters without RDMA (vLLM mooncake_protocol; SGLang backend mooncake_tcp).")
+    protocol: Optional[Literal["rdma", "tcp"]] = Field(
+        None,
+        description="Mooncake transfer protocol: rdma, or tcp for clusters without RDMA (vLLM mooncake_protocol; SGLang "
+        "backend mooncake_tcp). Unset: rdma when kvTransfer.rdma names a resource or IB devices, else tcp (the Ready "
+        "condition says so): the engines' default, rdma, fails at start on a pod without an RDMA device.",
+    )
 
 
 class LMCacheOptions(Base):
@@ -875,6 +880,15 @@ class PDInferenceServiceSpec(Base):
         _dp_attention_rule("prefill"),
         _dp_attention_rule("decode"),
         Rule(
+            cel="!has(self.kvTransfer.mooncake.protocol) || self.kvTransfer.mooncake.protocol != 'rdma' || "
+            "has(self.kvTransfer.rdma.resourceName) || (has(self.kvTransfer.rdma.ibDevices) && size(self.kvTransfer.rdma.ibDevices) > 0)",
+            message="kvTransfer.mooncake.protocol rdma needs an RDMA device in the pods (the Mooncake transfer engine fails "
+            "to start without one): set kvTransfer.rdma.resourceName (and ibDevices), or protocol tcp, or leave protocol "
+            "unset to get tcp without RDMA",
+            check=lambda s: s.kv_transfer.mooncake.protocol != "rdma" or s.rdma_configured(),
+            field_path=".kvTransfer.mooncake.protocol",
+        ),
+        Rule(
             cel=f"{_backend_cel()} != 'moriio' || self.engine.accelerator == 'amd'",
             message="kvTransfer.backend moriio (vLLM MoRIIOConnector) runs on AMD ROCm only: set engine.accelerator amd "
             "with a ROCm vLLM image, or use nixl or mooncake on NVIDIA GPUs",
@@ -902,6 +916,14 @@ class PDInferenceServiceSpec(Base):
 
     def router_kind(self) -> str:
         return self.router.effective_kind(self.engine.kind)
+
+    def rdma_configured(self) -> bool:
+        rdma = self.kv_transfer.rdma
+        return bool(rdma.resource_name or rdma.ib_devices)
+
+    def mooncake_protocol(self) -> str:
+        """The Mooncake protocol the engines get: the one set, else rdma only when the pods get an RDMA device."""
+        return self.kv_transfer.mooncake.protocol or ("rdma" if self.rdma_configured() else "tcp")
 
     def pool(self, role: str) -> "PrefillPool | DecodePool":
         """The pool of a role: ``prefill`` or ``decode``."""

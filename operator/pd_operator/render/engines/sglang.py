@@ -102,7 +102,7 @@ class SGLangAdapter(EngineAdapter):
 
     def transfer_backend(self) -> str:
         backend = self.spec.backend()
-        if backend == "mooncake" and self.spec.kv_transfer.mooncake.protocol == "tcp":
+        if backend == "mooncake" and self.spec.mooncake_protocol() == "tcp":
             return "mooncake_tcp"
         return backend
 

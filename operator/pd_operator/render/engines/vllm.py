@@ -83,8 +83,9 @@ class VLLMAdapter(EngineAdapter):
                 }
         else:
             cfg["kv_role"] = role_name
-        if backend == "mooncake" and kvt.mooncake.protocol != "rdma":
-            cfg["kv_connector_extra_config"] = {"mooncake_protocol": kvt.mooncake.protocol}
+        if backend == "mooncake" and self.spec.mooncake_protocol() != "rdma":
+            # mooncake_connector.py: mooncake_protocol defaults to rdma
+            cfg["kv_connector_extra_config"] = {"mooncake_protocol": self.spec.mooncake_protocol()}
         if backend == "moriio":
             cfg["kv_connector_extra_config"] = {
                 "handshake_port": kvt.moriio.handshake_port,
