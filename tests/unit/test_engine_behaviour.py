@@ -276,3 +276,22 @@ def test_status_says_tcp_was_chosen():
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True"
         assert ("Mooncake TCP" in ready["message"]) == says
+
+
+# ---------------------------------------------------------------- 7. probes
+
+def test_sglang_health_probe_does_not_generate():
+    # srt/entrypoints/http_server.py health_generate: /health runs a one-token
+    # generation unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (environ.py, default
+    # True) is false; then it answers without generating (503 while starting or draining).
+    for role in ("prefill", "decode"):
+        c = container(minimal("sglang"), role)
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"} in c["env"]
+
+
+def test_probe_timing_per_pool():
+    obj = minimal("sglang", decode={"probes": {"liveness": {"periodSeconds": 30, "timeoutSeconds": 20, "failureThreshold": 10}}})
+    live = container(obj, "decode")["livenessProbe"]
+    assert (live["periodSeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (30, 20, 10)
+    assert container(obj, "prefill")["livenessProbe"]["timeoutSeconds"] == 5

@@ -542,6 +542,24 @@ class DecodeAutoscaling(PoolAutoscaling):
     target: DecodeTarget = obj(description="ITL quantile and value to hold.", default_factory=DecodeTarget)
 
 
+class ProbeTiming(Base):
+    """Timing of one Kubernetes probe of the engine's /health."""
+
+    period_seconds: int = Field(description="How often the probe runs.", ge=1, le=3600)
+    timeout_seconds: int = Field(description="How long one probe may take.", ge=1, le=3600)
+    failure_threshold: int = Field(description="Failures in a row before the pod is restarted (liveness) or taken out of the Service (readiness).", ge=1, le=1000)
+
+
+class ProbesSpec(Base):
+    """Liveness and readiness probe timing of the engine containers. The startup
+    probe (30 minutes for the model load) is fixed."""
+
+    liveness: ProbeTiming = obj(description="Liveness: a failing engine is restarted.",
+                                default_factory=lambda: ProbeTiming(period_seconds=10, timeout_seconds=5, failure_threshold=6))
+    readiness: ProbeTiming = obj(description="Readiness: a failing engine gets no new requests.",
+                                 default_factory=lambda: ProbeTiming(period_seconds=5, timeout_seconds=5, failure_threshold=3))
+
+
 class PoolSpec(Base):
     """One pool of engine replicas (prefill or decode)."""
 
@@ -576,6 +594,7 @@ class PoolSpec(Base):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for tainted (GPU) nodes.")
     priority_class_name: Optional[SecretName] = Field(None, description="PriorityClass of the pool's pods.")
     annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pool's pods.")
+    probes: ProbesSpec = obj(description="Liveness and readiness probe timing of this pool's engines.", default_factory=ProbesSpec)
     drain_seconds: int = Field(
         10, ge=0, le=600,
         description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops "

@@ -108,7 +108,12 @@ class SGLangAdapter(EngineAdapter):
 
     def engine_env(self, role: str) -> list[dict]:
         spec = self.spec
-        env: list[dict] = []
+        # /health runs a one-token generation unless this is false
+        # (http_server.py health_generate; environ.py default True). Under a long
+        # prefill that generation waits, and the liveness probe would restart a
+        # busy pod. With it off, /health is 200 once started and 503 while
+        # starting or draining after SIGTERM.
+        env: list[dict] = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
         if spec.prefill.attention_tp_size() != spec.decode.attention_tp_size():
             env.append({"name": "SGLANG_DISAGG_STAGING_BUFFER", "value": "1"})
         if spec.backend() == "nixl":
