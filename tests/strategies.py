@@ -35,6 +35,11 @@ def pool(draw):
         out["pipelineParallelSize"] = draw(small)
     if draw(st.booleans()):
         out["dataParallelSize"] = draw(small)
+    if draw(st.integers(0, 3)) == 0:
+        out["dataParallelAttention"] = draw(st.booleans())
+    if draw(st.integers(0, 3)) == 0:
+        out["drainSeconds"] = draw(st.sampled_from([0, 10, 60]))
+        out["terminationGracePeriodSeconds"] = draw(st.sampled_from([0, 20, 120]))
     if draw(st.booleans()):
         out["gpuProduct"] = draw(st.sampled_from(["NVIDIA-H200", "NVIDIA-H100-80GB-HBM3"]))
     if draw(st.booleans()):

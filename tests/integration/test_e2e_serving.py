@@ -23,6 +23,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -333,3 +334,80 @@ def test_engine_api_key_from_the_secret(example, stack, namespace, custom_object
         client_key = None  # vllm-router 0.1.17 has no client-key check of its own
     pieces, models, done = stream_chat(router.url, SERVED, "hello " * 50, 4, api_key=client_key)
     assert done and len(pieces) == 4 and models == {SERVED}
+
+
+# decode steps of the calibrated 8B model take ~5 ms at small batch: 1500 tokens keep a
+# request in flight for ~8 s, longer than the preStop sleep below
+LONG_TOKENS = 1500
+
+
+@pytest.mark.parametrize("example", sorted(ENGINES))
+def test_decode_scale_down_under_load_loses_no_request(example, stack, namespace, custom_objects):
+    """Decode 2 -> 1 while streams run on both pods and new ones keep coming.
+
+    The kubelet (the harness) gives the removed pod its preStop sleep, then
+    SIGTERM, then SIGKILL at the grace period. vLLM 0.33.0 with the default
+    --shutdown-timeout 0 aborts every in-flight request on SIGTERM (the sim does
+    the same), so this fails unless the rendered command makes the engine drain.
+    Asserts: the removed pod had requests in flight when it was told to go;
+    every request (those in flight and those sent during the scale-down)
+    returns all its tokens and [DONE]; the removed pod's process exits by
+    itself (status 0) before the grace period, not by SIGKILL."""
+    spec = ENGINES[example]
+    prefix = spec["prefix"]
+    name = "drain"
+    create(custom_objects, service(name, namespace, model={"name": MODEL, "servedName": SERVED},
+                                   engine=spec["engine"], kvTransfer=spec["kvTransfer"],
+                                   decode={"replicas": 2, "drainSeconds": 2, "terminationGracePeriodSeconds": 120}))
+    wait_ready(custom_objects, namespace, name)
+    stack.wait_serving("prefill", 1)
+    decs = stack.wait_serving("decode", 2, timeout=60)
+    (router,) = stack.wait_serving("router", 1, timeout=60)
+    urls = sorted(p.url for p in decs)
+    wait_for(lambda: decode_workers(router.url) == urls, 60, "router discovered both decode pods")
+    gone = next(p for p in decs if p.pod.endswith("-1"))
+    running = f"{prefix}num_requests_running" if prefix == "vllm:" else "sglang:num_running_reqs"
+
+    results: list[tuple[int, bool]] = []
+    errors: list[str] = []
+    stop_sending = threading.Event()
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            pieces, _, done = stream_chat(router.url, SERVED, "hello " * 50, LONG_TOKENS)
+            with lock:
+                results.append((len(pieces), done))
+        except Exception as exc:  # noqa: BLE001 - a refused or cut request is a lost one
+            with lock:
+                errors.append(repr(exc))
+
+    def load() -> None:
+        threads = []
+        while not stop_sending.is_set():
+            t = threading.Thread(target=one)
+            t.start()
+            threads.append(t)
+            stop_sending.wait(0.5)
+        for t in threads:
+            t.join(120)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        wait_for(lambda: metric(metrics_of(gone), running) >= 1, 30, "requests in flight on decode-1")
+        in_flight = metric(metrics_of(gone), running)
+        custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                      {"spec": {"decode": {"replicas": 1}}})
+        wait_for(lambda: not gone.alive(), 120, "decode-1 process stopped")
+        time.sleep(3)  # keep sending a little after the pod is gone
+    finally:
+        stop_sending.set()
+        loader.join(240)
+    print(f"\n[{example}] scale-down with {in_flight:g} requests in flight on {gone.pod}: "
+          f"{len(results)} finished, {len(errors)} failed; {gone.pod} exit status {gone.proc.returncode}")
+    assert in_flight >= 1
+    assert not errors, errors
+    short = [r for r in results if r != (LONG_TOKENS, True)]
+    assert not short, f"{len(short)} of {len(results)} requests lost tokens (aborted): {short[:5]}"
+    assert gone.proc.returncode == 0, "the engine did not finish draining before SIGKILL"

@@ -84,7 +84,11 @@ ALL_MESSAGES = _all_messages(SCHEMA)
     "spec_patch, message_part",
     [
         ({"prefill": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas must be <= maxReplicas"),
-        ({"kvTransfer": {"backend": "mooncake"}, "prefill": {"tensorParallelSize": 2}, "decode": {"tensorParallelSize": 4}}, "MooncakeConnector"),
+        ({"kvTransfer": {"backend": "mooncake"}, "prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 6}}, "MooncakeConnector"),
+        ({"engine": {"kind": "sglang"}, "prefill": {"tensorParallelSize": 3},
+          "decode": {"tensorParallelSize": 4, "dataParallelSize": 2, "dataParallelAttention": True}}, "SGLang maps attention"),
+        ({"decode": {"pipelineParallelSize": 2}}, "pipeline parallelism on decode"),
+        ({"decode": {"terminationGracePeriodSeconds": 20}}, "drainSeconds + 16"),
         ({"kvTransfer": {"backend": "moriio"}}, "ROCm"),
         ({"prefill": {"tensorParallelSize": 16}, "decode": {"tensorParallelSize": 16}}, "must fit on one node"),
     ],

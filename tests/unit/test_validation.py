@@ -36,10 +36,12 @@ def test_autoscaling_enabled_needs_max():
     assert "maxReplicas" in p["spec.decode.autoscaling.maxReplicas"]
 
 
-def test_vllm_mooncake_unequal_tp():
-    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8}))
+def test_vllm_mooncake_tp_that_do_not_divide():
+    # MooncakeConnector _get_tp_ratio: 4/8 is fine, 4/6 asserts
+    validate_service(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8}))
+    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 6}))
     msg = p["spec.decode.tensorParallelSize"]
-    assert "MooncakeConnector" in msg and "same tensorParallelSize" in msg
+    assert "MooncakeConnector" in msg and "divides the other" in msg
 
 
 def test_sglang_mooncake_unequal_tp_is_fine():
@@ -47,8 +49,10 @@ def test_sglang_mooncake_unequal_tp_is_fine():
 
 
 def test_vllm_nixl_decode_tp_below_prefill():
-    p = problems(minimal(prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 2}))
-    assert "decode.tensorParallelSize >= prefill.tensorParallelSize" in p["spec.decode.tensorParallelSize"]
+    # NIXL tp_ratio: prefill TP > decode TP is handled when it is a multiple
+    validate_service(minimal(prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 2}))
+    p = problems(minimal(prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 3}))
+    assert "NixlConnector" in p["spec.decode.tensorParallelSize"]
 
 
 def test_moriio_on_nvidia_image():
@@ -73,7 +77,8 @@ def test_tp_larger_than_a_node():
 
 
 def test_tp_times_pp_larger_than_a_node():
-    p = problems(minimal(decode={"tensorParallelSize": 8, "pipelineParallelSize": 2}, prefill={"tensorParallelSize": 8}))
+    p = problems(minimal(kvTransfer={"backend": "mooncake"}, decode={"tensorParallelSize": 8, "pipelineParallelSize": 2},
+                         prefill={"tensorParallelSize": 8}))
     assert list(p) == ["spec.decode.tensorParallelSize"]
 
 
@@ -141,11 +146,11 @@ def test_secret_literal_env_has_no_valuefrom_mix():
 
 
 def test_all_problems_reported_at_once():
-    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 16}))
+    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 6}, decode={"tensorParallelSize": 16}))
     assert "spec.decode.tensorParallelSize" in p
     # both the node-fit and the Mooncake rule fail on the same field
     with pytest.raises(SpecError) as info:
-        validate_service(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 16}))
+        validate_service(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 6}, decode={"tensorParallelSize": 16}))
     messages = [m for f, m in info.value.problems if f == "spec.decode.tensorParallelSize"]
     assert len(messages) == 2
 

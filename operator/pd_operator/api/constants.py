@@ -53,3 +53,9 @@ ROLES = ("prefill", "decode")   # the engine pools of a service, in this order
 LABEL_ROLE = f"{GROUP}/role"          # prefill | decode | router
 LABEL_SERVICE = f"{GROUP}/service"    # the PDInferenceService name
 LABEL_ENGINE = f"{GROUP}/engine"      # vllm | sglang
+
+# Seconds of the grace period kept for the engine's teardown after it has
+# drained (processes exit, GPU memory released). vLLM 0.33.0 gives its engine
+# process 15 s for that on ROCm (v1/engine/utils.py,
+# ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S); the same window is kept on CUDA.
+ENGINE_TEARDOWN_MARGIN_S = 15

@@ -22,6 +22,7 @@ from .constants import (
     DEFAULT_BACKEND,
     DEFAULT_ROUTER,
     ENGINE_BACKENDS,
+    ENGINE_TEARDOWN_MARGIN_S,
     ENGINE_IMAGES,
     ENGINE_VERSIONS,
     KIND,
@@ -333,7 +334,12 @@ class NixlOptions(Base):
 class MooncakeOptions(Base):
     """Mooncake transfer options (vLLM MooncakeConnector, SGLang mooncake backend)."""
 
-    protocol: Literal["rdma", "tcp"] = Field("rdma", description="Mooncake transfer protocol: rdma, or tcp for clusters without RDMA (vLLM mooncake_protocol; SGLang backend mooncake_tcp).")
+    protocol: Optional[Literal["rdma", "tcp"]] = Field(
+        None,
+        description="Mooncake transfer protocol: rdma, or tcp for clusters without RDMA (vLLM mooncake_protocol; SGLang "
+        "backend mooncake_tcp). Unset: rdma when kvTransfer.rdma names a resource or IB devices, else tcp (the Ready "
+        "condition says so): the engines' default, rdma, fails at start on a pod without an RDMA device.",
+    )
 
 
 class LMCacheOptions(Base):
@@ -536,6 +542,24 @@ class DecodeAutoscaling(PoolAutoscaling):
     target: DecodeTarget = obj(description="ITL quantile and value to hold.", default_factory=DecodeTarget)
 
 
+class ProbeTiming(Base):
+    """Timing of one Kubernetes probe of the engine's /health."""
+
+    period_seconds: int = Field(description="How often the probe runs.", ge=1, le=3600)
+    timeout_seconds: int = Field(description="How long one probe may take.", ge=1, le=3600)
+    failure_threshold: int = Field(description="Failures in a row before the pod is restarted (liveness) or taken out of the Service (readiness).", ge=1, le=1000)
+
+
+class ProbesSpec(Base):
+    """Liveness and readiness probe timing of the engine containers. The startup
+    probe (30 minutes for the model load) is fixed."""
+
+    liveness: ProbeTiming = obj(description="Liveness: a failing engine is restarted.",
+                                default_factory=lambda: ProbeTiming(period_seconds=10, timeout_seconds=5, failure_threshold=6))
+    readiness: ProbeTiming = obj(description="Readiness: a failing engine gets no new requests.",
+                                 default_factory=lambda: ProbeTiming(period_seconds=5, timeout_seconds=5, failure_threshold=3))
+
+
 class PoolSpec(Base):
     """One pool of engine replicas (prefill or decode)."""
 
@@ -547,7 +571,14 @@ class PoolSpec(Base):
     )
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs a model copy is split across (tensor parallelism).")
     pipeline_parallel_size: int = Field(1, ge=1, le=16, description="Pipeline stages per replica.")
-    data_parallel_size: int = Field(1, ge=1, le=64, description="Data-parallel engine ranks inside one replica (vLLM --data-parallel-size, SGLang --dp-size).")
+    data_parallel_size: int = Field(1, ge=1, le=64, description="Data-parallel engine ranks inside one replica (vLLM --data-parallel-size, SGLang --dp-size, "
+                                    "or --attn-dp-size with dataParallelAttention).")
+    data_parallel_attention: bool = Field(
+        False,
+        description="SGLang only: dataParallelSize is the attention data-parallel width inside the tensor-parallel group "
+        "(--attn-dp-size, formerly --dp-size with --enable-dp-attention): the DP ranks share the "
+        "tensorParallelSize x pipelineParallelSize GPUs, and tensorParallelSize must be a multiple of dataParallelSize.",
+    )
     gpu_product: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[-._a-zA-Z0-9]+$")]] = Field(
         None,
         description="Required GPU model, matched against the node label topology.gpuProductLabel (GPU Feature Discovery), e.g. NVIDIA-H200.",
@@ -563,7 +594,14 @@ class PoolSpec(Base):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for tainted (GPU) nodes.")
     priority_class_name: Optional[SecretName] = Field(None, description="PriorityClass of the pool's pods.")
     annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pool's pods.")
-    drain_seconds: int = Field(10, ge=0, le=600, description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops sending it new requests.")
+    probes: ProbesSpec = obj(description="Liveness and readiness probe timing of this pool's engines.", default_factory=ProbesSpec)
+    drain_seconds: int = Field(
+        10, ge=0, le=600,
+        description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops "
+        "sending it new requests. The engine then drains its in-flight requests for the rest of "
+        f"terminationGracePeriodSeconds, less {ENGINE_TEARDOWN_MARGIN_S} s kept for its teardown "
+        "(vLLM --shutdown-timeout; SGLang drains until all requests are done).",
+    )
 
     def desired_replicas(self, current: int | None) -> int:
         """The replica count to apply, given the pool's current size (None: not created yet).
@@ -580,25 +618,67 @@ class PoolSpec(Base):
         return current if current is not None else 1
 
     def gpus_per_replica(self) -> int:
+        """GPUs one replica uses. SGLang 0.5.23 gives each DP replica its own
+        TP x PP GPUs (data_parallel_controller.py launch_dp_schedulers), while
+        attention-DP ranks share the TP GPUs (launch_dp_attention_schedulers)."""
+        if self.data_parallel_attention:
+            return self.tensor_parallel_size * self.pipeline_parallel_size
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    def attention_tp_size(self) -> int:
+        """The TP width KV is sharded over, which the KV transfer maps between
+        pools: SGLang's attn_tp_size = tp_size // attn_dp_size (runtime_context.py)."""
+        if self.data_parallel_attention and self.tensor_parallel_size % self.data_parallel_size == 0:
+            return self.tensor_parallel_size // self.data_parallel_size
+        return self.tensor_parallel_size  # (not a multiple: refused by its own rule)
+
+    def engine_shutdown_timeout(self) -> int:
+        """Seconds the engine may drain in-flight requests after SIGTERM: what the
+        grace period leaves after the preStop sleep and the teardown margin."""
+        return self.termination_grace_period_seconds - self.drain_seconds - ENGINE_TEARDOWN_MARGIN_S
+
+
+def _grace_rule(pool: str) -> Rule:
+    need = ENGINE_TEARDOWN_MARGIN_S + 1
+    return Rule(
+        cel=f"self.terminationGracePeriodSeconds >= self.drainSeconds + {need}",
+        message=f"{pool}.terminationGracePeriodSeconds must be at least drainSeconds + {need}: after the preStop sleep "
+        f"(drainSeconds) the engine drains in-flight requests for terminationGracePeriodSeconds - drainSeconds - "
+        f"{ENGINE_TEARDOWN_MARGIN_S} s ({ENGINE_TEARDOWN_MARGIN_S} s are kept for its teardown), and with no time "
+        "left it would abort them: raise terminationGracePeriodSeconds or lower drainSeconds",
+        check=lambda s: s.engine_shutdown_timeout() >= 1,
+        field_path=".terminationGracePeriodSeconds",
+    )
 
 
 def _gpus_cel(pool: str) -> str:
-    return f"self.{pool}.tensorParallelSize * self.{pool}.pipelineParallelSize * self.{pool}.dataParallelSize"
+    p = f"self.{pool}"
+    return (f"({p}.dataParallelAttention ? {p}.tensorParallelSize * {p}.pipelineParallelSize : "
+            f"{p}.tensorParallelSize * {p}.pipelineParallelSize * {p}.dataParallelSize)")
+
+
+def _attn_tp_cel(pool: str) -> str:
+    p = f"self.{pool}"
+    return (f"({p}.dataParallelAttention && {p}.tensorParallelSize % {p}.dataParallelSize == 0 ? "
+            f"{p}.tensorParallelSize / {p}.dataParallelSize : {p}.tensorParallelSize)")
 
 
 class PrefillPool(PoolSpec):
     """The prefill pool: reads prompts, fills KV cache, hands it to decode."""
 
-    termination_grace_period_seconds: int = Field(120, ge=0, le=86400, description="How long a stopping prefill pod may take to finish in-flight prefills.")
+    termination_grace_period_seconds: int = Field(120, ge=0, le=86400, description="How long a stopping prefill pod may take to finish in-flight prefills (preStop drainSeconds included).")
     autoscaling: PrefillAutoscaling = obj(description="TTFT-driven autoscaling of the prefill pool.", default_factory=PrefillAutoscaling)
+
+    rules = (_grace_rule("prefill"),)
 
 
 class DecodePool(PoolSpec):
     """The decode pool: generates output tokens from transferred KV cache."""
 
-    termination_grace_period_seconds: int = Field(600, ge=0, le=86400, description="How long a stopping decode pod may take to finish in-flight generations.")
+    termination_grace_period_seconds: int = Field(600, ge=0, le=86400, description="How long a stopping decode pod may take to finish in-flight generations (preStop drainSeconds included).")
     autoscaling: DecodeAutoscaling = obj(description="ITL-driven autoscaling of the decode pool.", default_factory=DecodeAutoscaling)
+
+    rules = (_grace_rule("decode"),)
 
 
 # --------------------------------------------------------------------------
@@ -723,10 +803,27 @@ def _router_kind_cel() -> str:
 def _pool_gpus_rule(pool: str) -> Rule:
     return Rule(
         cel=f"{_gpus_cel(pool)} <= self.topology.gpusPerNode",
-        message=f"{pool}: tensorParallelSize x pipelineParallelSize x dataParallelSize must fit on one node "
+        message=f"{pool}: the GPUs of a replica (tensorParallelSize x pipelineParallelSize, x dataParallelSize "
+        "unless dataParallelAttention) must fit on one node "
         f"(topology.gpusPerNode); multi-node replicas are not supported yet: lower the parallel sizes",
         check=lambda s: getattr(s, pool).gpus_per_replica() <= s.topology.gpus_per_node,
         field_path=f".{pool}.tensorParallelSize",
+    )
+
+
+def _divides(a: int, b: int) -> bool:
+    """One of two TP sizes divides the other."""
+    return a % b == 0 or b % a == 0
+
+
+def _dp_attention_rule(pool: str) -> Rule:
+    return Rule(
+        cel=f"!self.{pool}.dataParallelAttention || self.{pool}.tensorParallelSize % self.{pool}.dataParallelSize == 0",
+        message=f"{pool}: with dataParallelAttention, tensorParallelSize must be a multiple of dataParallelSize "
+        "(SGLang splits the TP group into dataParallelSize attention groups): change one of them",
+        check=lambda s: not getattr(s, pool).data_parallel_attention
+        or getattr(s, pool).tensor_parallel_size % getattr(s, pool).data_parallel_size == 0,
+        field_path=f".{pool}.dataParallelSize",
     )
 
 
@@ -766,20 +863,49 @@ class PDInferenceServiceSpec(Base):
             field_path=".kvTransfer.backend",
         ),
         Rule(
-            cel=f"self.engine.kind != 'vllm' || !({_backend_cel()} in ['nixl', 'lmcache']) || self.decode.tensorParallelSize >= self.prefill.tensorParallelSize",
-            message="vLLM NixlConnector (backends nixl and lmcache) needs decode.tensorParallelSize >= prefill.tensorParallelSize: "
-            "raise decode.tensorParallelSize or lower prefill.tensorParallelSize",
-            check=lambda s: s.engine.kind != "vllm" or s.backend() not in ("nixl", "lmcache")
-            or s.decode.tensor_parallel_size >= s.prefill.tensor_parallel_size,
+            cel="self.engine.kind != 'vllm' || (self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 || "
+            "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0)",
+            message="vLLM's KV connectors (NixlConnector, MooncakeConnector) map tensor-parallel ranks between prefill and decode "
+            "only when one tensorParallelSize divides the other (e.g. 4 and 8, 2 and 1; not 4 and 6): make one a "
+            "multiple of the other",
+            check=lambda s: s.engine.kind != "vllm" or _divides(s.prefill.tensor_parallel_size, s.decode.tensor_parallel_size),
             field_path=".decode.tensorParallelSize",
         ),
         Rule(
-            cel=f"self.engine.kind != 'vllm' || {_backend_cel()} != 'mooncake' || self.decode.tensorParallelSize == self.prefill.tensorParallelSize",
-            message="vLLM MooncakeConnector needs the same tensorParallelSize on prefill and decode: make them equal, "
-            "or use kvTransfer.backend nixl (decode TP >= prefill TP) or engine sglang",
-            check=lambda s: s.engine.kind != "vllm" or s.backend() != "mooncake"
-            or s.decode.tensor_parallel_size == s.prefill.tensor_parallel_size,
+            cel=f"self.engine.kind != 'sglang' || ({_attn_tp_cel('prefill')} % {_attn_tp_cel('decode')} == 0 || "
+            f"{_attn_tp_cel('decode')} % {_attn_tp_cel('prefill')} == 0)",
+            message="SGLang maps attention tensor-parallel ranks between prefill and decode by integer division, so one "
+            "pool's attention TP (tensorParallelSize, divided by dataParallelSize with dataParallelAttention) must divide "
+            "the other's; otherwise some prefill ranks' KV is never read: make one a multiple of the other",
+            check=lambda s: s.engine.kind != "sglang"
+            or _divides(s.prefill.attention_tp_size(), s.decode.attention_tp_size()),
             field_path=".decode.tensorParallelSize",
+        ),
+        Rule(
+            cel=f"self.engine.kind != 'vllm' || !({_backend_cel()} in ['nixl', 'lmcache']) || self.decode.pipelineParallelSize == 1",
+            message="vLLM NixlConnector does not support pipeline parallelism on decode (kv_consumer): set "
+            "decode.pipelineParallelSize 1 (prefill may use pipeline parallelism)",
+            check=lambda s: s.engine.kind != "vllm" or s.backend() not in ("nixl", "lmcache")
+            or s.decode.pipeline_parallel_size == 1,
+            field_path=".decode.pipelineParallelSize",
+        ),
+        Rule(
+            cel="self.engine.kind == 'sglang' || (!self.prefill.dataParallelAttention && !self.decode.dataParallelAttention)",
+            message="dataParallelAttention is an SGLang setting: vLLM's data-parallel ranks each use their own "
+            "tensorParallelSize GPUs; unset it",
+            check=lambda s: s.engine.kind == "sglang" or not (s.prefill.data_parallel_attention or s.decode.data_parallel_attention),
+            field_path=".engine.kind",
+        ),
+        _dp_attention_rule("prefill"),
+        _dp_attention_rule("decode"),
+        Rule(
+            cel="!has(self.kvTransfer.mooncake.protocol) || self.kvTransfer.mooncake.protocol != 'rdma' || "
+            "has(self.kvTransfer.rdma.resourceName) || (has(self.kvTransfer.rdma.ibDevices) && size(self.kvTransfer.rdma.ibDevices) > 0)",
+            message="kvTransfer.mooncake.protocol rdma needs an RDMA device in the pods (the Mooncake transfer engine fails "
+            "to start without one): set kvTransfer.rdma.resourceName (and ibDevices), or protocol tcp, or leave protocol "
+            "unset to get tcp without RDMA",
+            check=lambda s: s.kv_transfer.mooncake.protocol != "rdma" or s.rdma_configured(),
+            field_path=".kvTransfer.mooncake.protocol",
         ),
         Rule(
             cel=f"{_backend_cel()} != 'moriio' || self.engine.accelerator == 'amd'",
@@ -809,6 +935,14 @@ class PDInferenceServiceSpec(Base):
 
     def router_kind(self) -> str:
         return self.router.effective_kind(self.engine.kind)
+
+    def rdma_configured(self) -> bool:
+        rdma = self.kv_transfer.rdma
+        return bool(rdma.resource_name or rdma.ib_devices)
+
+    def mooncake_protocol(self) -> str:
+        """The Mooncake protocol the engines get: the one set, else rdma only when the pods get an RDMA device."""
+        return self.kv_transfer.mooncake.protocol or ("rdma" if self.rdma_configured() else "tcp")
 
     def pool(self, role: str) -> "PrefillPool | DecodePool":
         """The pool of a role: ``prefill`` or ``decode``."""

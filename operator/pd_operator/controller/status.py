@@ -223,7 +223,11 @@ def compute_status(svc: PDInferenceService | None, obs: Observed, generation: in
     elif parts:
         ready = condition("Ready", False, parts[0]["reason"], parts[0]["message"], gen)
     else:
-        ready = condition("Ready", True, "Ready", f"serving {svc.spec.served_model_name()} at {endpoint(svc)}", gen)
+        note = ""
+        if svc.spec.backend() == "mooncake" and svc.spec.kv_transfer.mooncake.protocol is None and svc.spec.mooncake_protocol() == "tcp":
+            note = ("; KV moves over Mooncake TCP because kvTransfer.rdma is not set (set it, or "
+                    "kvTransfer.mooncake.protocol tcp to make this explicit)")
+        ready = condition("Ready", True, "Ready", f"serving {svc.spec.served_model_name()} at {endpoint(svc)}{note}", gen)
     conds.insert(0, ready)
 
     status["conditions"] = merge_conditions(previous.get("conditions", []), conds, now)

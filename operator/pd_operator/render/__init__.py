@@ -27,6 +27,7 @@ def render(svc: PDInferenceService, owner: dict | None = None, current_replicas:
     current_replicas = current_replicas or {}
     engine = engine_for(svc)
     engine.check_extra_args()
+    engine.check_ports()
     router = router_for(svc, engine)
     router.check_extra_args()
 

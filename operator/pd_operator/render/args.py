@@ -5,6 +5,22 @@ from __future__ import annotations
 from ..api.errors import SpecError
 
 
+def _dests(component: str, version: str, flags) -> set[str]:
+    """The parser destinations of option strings: every alias of a flag (and its
+    --no-/--disable- twin) shares one, in the pinned flag-set snapshot."""
+    from .engines.flagset import SnapshotNotFound, flag_info
+
+    out = set()
+    for flag in flags:
+        try:
+            entry = flag_info(component, version, flag)
+        except SnapshotNotFound:
+            return out
+        if entry is not None and not entry.get("positional"):
+            out.add(entry["dest"])
+    return out
+
+
 def check_user_args(
     component: str,
     version: str,
@@ -19,11 +35,17 @@ def check_user_args(
     command the args are appended to for the flag-set check.
     """
     problems: list[tuple[str, str]] = []
+    managed_dests = _dests(component, version, managed)
     for path, args in sources:
         owned = []
         for i, arg in enumerate(args):
             flag = arg.split("=", 1)[0]
-            if flag.startswith("-") and flag.replace("_", "-") in managed:
+            if not flag.startswith("-"):
+                continue
+            # vLLM: --json-flag.key is a key of --json-flag; --foo_bar is --foo-bar
+            name = flag.split(".", 1)[0].replace("_", "-")
+            dest = _dests(component, version, (name,))
+            if name in managed or dest & managed_dests:
                 owned.append((f"{path}[{i}]", f"{flag} is set by the operator from the spec; use the matching field instead"))
         problems += owned
         if args and not owned:

@@ -136,8 +136,10 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
         "resources": _resources(svc, role),
         "volumeMounts": mounts,
         "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
-        "readinessProbe": _probe("/health", 5, 3),
-        "livenessProbe": _probe("/health", 10, 6),
+        "readinessProbe": _probe("/health", pool.probes.readiness.period_seconds, pool.probes.readiness.failure_threshold,
+                                 pool.probes.readiness.timeout_seconds),
+        "livenessProbe": _probe("/health", pool.probes.liveness.period_seconds, pool.probes.liveness.failure_threshold,
+                                pool.probes.liveness.timeout_seconds),
     }
     if pool.drain_seconds:
         # Kubelet's own sleep action: no shell needed in the image. The router

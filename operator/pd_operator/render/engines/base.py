@@ -38,6 +38,31 @@ class EngineAdapter(ABC):
         """Container ports; ``http`` serves the API, /health and /metrics."""
         return [{"name": "http", "containerPort": self.http_port, "protocol": "TCP"}]
 
+    def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
+        """Every port the engine listens on in a pod of a role:
+        (port, spec field that sets it, what it is). The API port is fixed."""
+        return [(self.http_port, "", f"the {self.kind} API port")]
+
+    def check_ports(self) -> None:
+        """Refuse a spec whose pods would listen twice on one port (the second bind fails at start)."""
+        from ...api.errors import SpecError
+
+        problems: dict[str, str] = {}
+        for role in ("prefill", "decode"):
+            seen: dict[int, tuple[str, str]] = {}
+            for port, field, what in self.listen_ports(role):
+                if port in seen:
+                    other_field, other = seen[port]
+                    blame = field or other_field
+                    problems.setdefault(
+                        f"spec.{blame}",
+                        f"port {port} is used twice on a {role} pod: {what} and {other}; choose another {blame.rsplit('.', 1)[-1]}",
+                    )
+                else:
+                    seen[port] = (field, what)
+        if problems:
+            raise SpecError(list(problems.items()), self.svc.metadata.name)
+
     def metrics_path(self) -> str:
         return "/metrics"
 
@@ -66,9 +91,11 @@ class EngineAdapter(ABC):
                 env.append(secret_env("HF_TOKEN", spec.model.source.token_secret_ref))
         env += self.ucx_env()
         env += self.engine_env(role)
-        env += [e.dump() for e in spec.engine.env]
-        env += [e.dump() for e in self.pool(role).env]
-        return env
+        # One entry per name (the API server refuses a container with two):
+        # engine.env replaces what the operator set, the pool's env replaces
+        # both; a replaced entry keeps its place, so $(VAR) references that
+        # follow it still see it defined first.
+        return merge_env(env, [e.dump() for e in spec.engine.env], [e.dump() for e in self.pool(role).env])
 
     def rdma_enabled(self) -> bool:
         rdma = self.spec.kv_transfer.rdma
@@ -112,6 +139,15 @@ class EngineAdapter(ABC):
             self.flagset_argv(),
             self.svc.metadata.name,
         )
+
+
+def merge_env(*layers: list[dict]) -> list[dict]:
+    """Env lists merged by name, later layers winning, in first-seen order."""
+    merged: dict[str, dict] = {}
+    for layer in layers:
+        for entry in layer:
+            merged[entry["name"]] = entry
+    return list(merged.values())
 
 
 def compact_json(value) -> str:

@@ -34,6 +34,7 @@ class SGLangAdapter(EngineAdapter):
         {
             "--model-path", "--model", "--served-model-name", "--host", "--port",
             "--tp-size", "--tp", "--pp-size", "--dp-size", "--dp",
+            "--attn-dp-size", "--enable-dp-attention",
             "--disaggregation-mode", "--disaggregation-transfer-backend",
             "--disaggregation-bootstrap-port", "--disaggregation-ib-device",
             "--disaggregation-decode-tp", "--disaggregation-decode-dp",
@@ -58,7 +59,9 @@ class SGLangAdapter(EngineAdapter):
         if pool.pipeline_parallel_size > 1:
             argv += ["--pp-size", str(pool.pipeline_parallel_size)]
         if pool.data_parallel_size > 1:
-            argv += ["--dp-size", str(pool.data_parallel_size)]
+            # attention DP inside the TP group (0.5.23: --attn-dp-size; the old
+            # --dp-size N --enable-dp-attention is deprecated), or DP replicas
+            argv += ["--attn-dp-size" if pool.data_parallel_attention else "--dp-size", str(pool.data_parallel_size)]
         argv += [
             "--disaggregation-mode", role,
             "--disaggregation-transfer-backend", self.transfer_backend(),
@@ -99,14 +102,19 @@ class SGLangAdapter(EngineAdapter):
 
     def transfer_backend(self) -> str:
         backend = self.spec.backend()
-        if backend == "mooncake" and self.spec.kv_transfer.mooncake.protocol == "tcp":
+        if backend == "mooncake" and self.spec.mooncake_protocol() == "tcp":
             return "mooncake_tcp"
         return backend
 
     def engine_env(self, role: str) -> list[dict]:
         spec = self.spec
-        env: list[dict] = []
-        if spec.prefill.tensor_parallel_size != spec.decode.tensor_parallel_size:
+        # /health runs a one-token generation unless this is false
+        # (http_server.py health_generate; environ.py default True). Under a long
+        # prefill that generation waits, and the liveness probe would restart a
+        # busy pod. With it off, /health is 200 once started and 503 while
+        # starting or draining after SIGTERM.
+        env: list[dict] = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
+        if spec.prefill.attention_tp_size() != spec.decode.attention_tp_size():
             env.append({"name": "SGLANG_DISAGG_STAGING_BUFFER", "value": "1"})
         if spec.backend() == "nixl":
             nixl_backend = spec.kv_transfer.nixl.backends[0]
@@ -120,6 +128,12 @@ class SGLangAdapter(EngineAdapter):
         ports = super().ports(role)
         if role == "prefill":
             ports.append({"name": "bootstrap", "containerPort": self.spec.kv_transfer.bootstrap_port, "protocol": "TCP"})
+        return ports
+
+    def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
+        ports = super().listen_ports(role)
+        if role == "prefill":
+            ports.append((self.spec.kv_transfer.bootstrap_port, "kvTransfer.bootstrapPort", "the bootstrap server"))
         return ports
 
     def flagset_argv(self) -> list[str]:

@@ -10,7 +10,10 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
   side channel from env VLLM_NIXL_SIDE_CHANNEL_HOST (the pod IP, downward API;
   the default is localhost) and VLLM_NIXL_SIDE_CHANNEL_PORT (+ the DP rank).
 - MooncakeConnector: ``kv_producer`` on prefill, ``kv_consumer`` on decode,
-  VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill; equal TP.
+  VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill.
+- TP between the pools (both connectors): one TP must divide the other
+  (kv_connector/utils.py ``tp_ratio``, mooncake_connector.py ``_get_tp_ratio``);
+  NIXL decode cannot use PP > 1 (nixl/base_worker.py). Rules in api/models.py.
 - lmcache backend: MultiConnector of NixlConnector (the PD handoff, which
   vllm-router drives) and LMCacheConnectorV1 (CPU/remote cache tier), both
   kv_both; LMCache reads LMCACHE_CONFIG_FILE (a ConfigMap the renderer writes).
@@ -18,6 +21,10 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
 - Decode sets ``kv_load_failure_policy: recompute``: a lost prefill pod
   degrades to recomputation instead of failed requests.
 - Auth: env VLLM_API_KEY protects /v1; /health stays open for probes.
+- SIGTERM: ``--shutdown-timeout`` 0 (the default) aborts every in-flight
+  request; N > 0 rejects new ones and drains for up to N s
+  (engine/arg_utils.py, v1/engine/core.py ``_handle_shutdown``). The renderer
+  sets it to what the grace period leaves after the preStop sleep.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class VLLMAdapter(EngineAdapter):
             "--max-model-len", "--revision", "--trust-remote-code",
             "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
             "--enable-prefix-caching", "--no-enable-prefix-caching",
+            "--shutdown-timeout",
         }
     )
 
@@ -75,8 +83,9 @@ class VLLMAdapter(EngineAdapter):
                 }
         else:
             cfg["kv_role"] = role_name
-        if backend == "mooncake" and kvt.mooncake.protocol != "rdma":
-            cfg["kv_connector_extra_config"] = {"mooncake_protocol": kvt.mooncake.protocol}
+        if backend == "mooncake" and self.spec.mooncake_protocol() != "rdma":
+            # mooncake_connector.py: mooncake_protocol defaults to rdma
+            cfg["kv_connector_extra_config"] = {"mooncake_protocol": self.spec.mooncake_protocol()}
         if backend == "moriio":
             cfg["kv_connector_extra_config"] = {
                 "handshake_port": kvt.moriio.handshake_port,
@@ -117,6 +126,9 @@ class VLLMAdapter(EngineAdapter):
         if pool.enable_prefix_caching is not None:
             argv.append("--enable-prefix-caching" if pool.enable_prefix_caching else "--no-enable-prefix-caching")
         argv += ["--kv-transfer-config", compact_json(self.kv_transfer_config(role))]
+        # 0 (the default) aborts every in-flight request on SIGTERM; > 0 drains
+        # them for up to that many seconds (v1/engine/core.py _handle_shutdown).
+        argv += ["--shutdown-timeout", str(pool.engine_shutdown_timeout())]
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
         return argv
 
@@ -152,6 +164,24 @@ class VLLMAdapter(EngineAdapter):
         elif backend == "moriio":
             ports.append({"name": "moriio-hs", "containerPort": kvt.moriio.handshake_port, "protocol": "TCP"})
             ports.append({"name": "moriio-notify", "containerPort": kvt.moriio.notify_port, "protocol": "TCP"})
+        return ports
+
+    def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
+        ports = super().listen_ports(role)
+        kvt = self.spec.kv_transfer
+        backend = self.spec.backend()
+        pool = self.pool(role)
+        if backend in ("nixl", "lmcache"):
+            # VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index (nixl/utils.py)
+            ports += [(kvt.nixl.side_channel_port + r, "kvTransfer.nixl.sideChannelPort", f"the NIXL side channel of DP rank {r}")
+                      for r in range(pool.data_parallel_size)]
+        elif backend == "mooncake" and role == "prefill":
+            ports.append((kvt.bootstrap_port, "kvTransfer.bootstrapPort", "the Mooncake bootstrap server"))
+        elif backend == "moriio":
+            ports.append((kvt.moriio.handshake_port, "kvTransfer.moriio.handshakePort", "the MoRIIO handshake port"))
+            # notify_port + dp_rank * tp_size + tp_rank (moriio_common.py get_port_offset)
+            n = pool.data_parallel_size * pool.tensor_parallel_size
+            ports += [(kvt.moriio.notify_port + i, "kvTransfer.moriio.notifyPort", f"MoRIIO notify port {i}") for i in range(n)]
         return ports
 
     def config_files(self) -> dict[str, str]:

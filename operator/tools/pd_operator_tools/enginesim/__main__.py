@@ -74,6 +74,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         max_len = ns.max_model_len if ns.max_model_len and ns.max_model_len > 0 else None
         bootstrap = None
         metrics = True
+        shutdown_timeout = ns.shutdown_timeout or 0
     else:
         model = ns.model_path
         served = [ns.served_model_name or model]
@@ -88,6 +89,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         max_len = ns.context_length
         bootstrap = (ns.disaggregation_bootstrap_port or 8998) if role == "prefill" else None
         metrics = bool(ns.enable_metrics)
+        shutdown_timeout = None  # SGLang drains until no request is left
     try:
         shape = shape_for(model)
     except KeyError:
@@ -111,6 +113,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         side_channel_port=int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),
         efficiency=Efficiency.named(opts.efficiency), link=link,
         default_max_tokens=opts.default_max_tokens,
+        shutdown_timeout=shutdown_timeout,
     )
 
 
@@ -126,6 +129,8 @@ async def _serve(cfg: SimConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    # the engine's own SIGTERM behaviour: abort or drain (SimServer.drain)
+    await server.drain()
     await server.stop()
 
 

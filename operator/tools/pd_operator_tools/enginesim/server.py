@@ -107,6 +107,9 @@ class SimConfig:
     link: Link = LINKS["rdma"]
     default_max_tokens: int = 256
     bootstrap_timeout: float = 300.0
+    # SIGTERM: vLLM --shutdown-timeout (0 aborts in-flight requests, N drains up
+    # to N s); None for SGLang, which drains until no request is left.
+    shutdown_timeout: Optional[int] = 0
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     @property
@@ -115,6 +118,9 @@ class SimConfig:
 
     def cost(self) -> CostModel:
         return CostModel(self.shape, self.tp, self.efficiency)
+
+
+ABORTED = object()  # put on a request's token queue when the engine aborts it
 
 
 def _err(status: int, message: str, kind: str) -> web.Response:
@@ -132,6 +138,8 @@ class SimServer:
         self.started = time.monotonic()
         self._session: Optional[ClientSession] = None
         self._runners: list[web.AppRunner] = []
+        self.inflight: dict[SimRequest, asyncio.Queue] = {}
+        self.draining = False
 
     # ---- lifecycle --------------------------------------------------------------
     def app(self) -> web.Application:
@@ -176,6 +184,33 @@ class SimServer:
             await web.TCPSite(brunner, cfg.host, cfg.bootstrap_port).start()
             self._runners.append(brunner)
 
+    async def drain(self) -> None:
+        """What the engine does on SIGTERM before it exits.
+
+        vLLM 0.33.0 (v1/engine/core.py ``_handle_shutdown``): shutdown timeout 0
+        aborts every in-flight request; N > 0 refuses new requests and waits up
+        to N s for the running ones, then aborts the rest. SGLang 0.5.23
+        (tokenizer_manager.py ``sigterm_watchdog``): /health answers 503, new
+        requests are still served, and it exits once none is left (no deadline
+        of its own: the kubelet's SIGKILL ends it).
+        """
+        self.draining = True
+        timeout = self.cfg.shutdown_timeout
+        if self.cfg.flavor == "vllm" and not timeout:
+            self.abort_all()
+            return
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self.inflight and (deadline is None or loop.time() < deadline):
+            await asyncio.sleep(0.05)
+        self.abort_all()
+
+    def abort_all(self) -> None:
+        for req, tokens in list(self.inflight.items()):
+            self.engine.abort(req)
+            tokens.put_nowait(ABORTED)
+        self.inflight.clear()
+
     async def stop(self) -> None:
         for runner in self._runners:
             await runner.cleanup()
@@ -200,6 +235,8 @@ class SimServer:
 
     # ---- simple endpoints --------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
+        if self.draining and self.cfg.flavor == "sglang":
+            return web.Response(status=503)  # http_server.py health_generate: gracefully_exit
         return web.Response(status=200)
 
     async def metrics(self, _request: web.Request) -> web.Response:
@@ -262,6 +299,9 @@ class SimServer:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         cfg = self.cfg
+        if self.draining and cfg.flavor == "vllm":
+            # EngineCore._reject_add_in_shutdown: a new request is aborted at once
+            return _err(503, "the engine is shutting down", "ServiceUnavailableError")
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -329,6 +369,13 @@ class SimServer:
             self.engine.add(req)
         except ValueError as exc:
             return _err(400, str(exc), "BadRequestError")
+        self.inflight[req] = tokens
+        prev_finish = req.on_finish
+
+        def finished(r, t, _prev=prev_finish):
+            self.inflight.pop(r, None)
+            _prev(r, t)
+        req.on_finish = finished
         if req.prefill_only:
             if cfg.flavor == "vllm":
                 response_kv = {
@@ -355,13 +402,16 @@ class SimServer:
         stream = bool(body.get("stream"))
         try:
             if not stream:
-                n = 0
+                n, fin = 0, "length"
                 while (item := await tokens.get()) is not None:
+                    if item is ABORTED:
+                        fin = "abort"
+                        break
                     n = item
                 text = "".join(" " + WORDS[i % len(WORDS)] for i in range(n))
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                           "finish_reason": "length"} if chat else
-                          {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+                           "finish_reason": fin} if chat else
+                          {"index": 0, "text": text, "logprobs": None, "finish_reason": fin})
                 out = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                        "model": name, "choices": [choice], "usage": usage(n)}
                 if response_kv is not None:
@@ -382,6 +432,10 @@ class SimServer:
                 await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]))
             while (item := await tokens.get()) is not None:
+                if item is ABORTED:  # the engine aborted it: no more tokens
+                    await resp.write(chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort"} if chat
+                                            else {"index": 0, "text": "", "logprobs": None, "finish_reason": "abort"}]))
+                    break
                 word = " " + WORDS[(item - 1) % len(WORDS)]
                 n = item
                 last = n >= req.max_tokens
@@ -397,3 +451,5 @@ class SimServer:
         except (asyncio.CancelledError, ConnectionResetError):
             self.engine.abort(req)
             raise
+        finally:
+            self.inflight.pop(req, None)

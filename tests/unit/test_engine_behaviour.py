@@ -1,0 +1,297 @@
+"""Behaviour the renderer and the rules take from the pinned engines' source.
+
+Each test names the fact it relies on; tests/contract/FACTS.md gives the
+engine file. Expectations are written from the fact, never read back from the
+code under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_operator.api import SpecError, validate_service
+from pd_operator.render import render
+from tests.conftest import minimal
+
+
+def problems(obj) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        validate_service(obj)
+    return dict(info.value.problems)
+
+
+def objects(obj) -> list[dict]:
+    return render(validate_service(obj))
+
+
+def sts(obj, role: str) -> dict:
+    return next(o for o in objects(obj) if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith(role))
+
+
+def container(obj, role: str) -> dict:
+    return sts(obj, role)["spec"]["template"]["spec"]["containers"][0]
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+# ---------------------------------------------------------------- 1. SIGTERM
+
+# vLLM 0.33.0 engine/arg_utils.py: --shutdown-timeout default 0; v1/engine/core.py
+# _handle_shutdown: mode "abort" when 0, "drain" for up to N s otherwise.
+TEARDOWN_S = 15  # v1/engine/utils.py ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S
+
+
+@pytest.mark.parametrize("role,grace,drain", [("prefill", 120, 10), ("decode", 600, 10), ("decode", 90, 30)])
+def test_vllm_drains_within_the_grace_period(role, grace, drain):
+    obj = minimal(**{role: {"terminationGracePeriodSeconds": grace, "drainSeconds": drain}})
+    c = container(obj, role)
+    timeout = flag(c["command"], "--shutdown-timeout")
+    assert timeout is not None, "without --shutdown-timeout vLLM aborts every in-flight request on SIGTERM"
+    timeout = int(timeout)
+    assert timeout > 0
+    pod = sts(obj, role)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= c["lifecycle"]["preStop"]["sleep"]["seconds"] + timeout + TEARDOWN_S
+
+
+def test_grace_period_too_short_to_drain_is_refused():
+    p = problems(minimal(decode={"terminationGracePeriodSeconds": 20, "drainSeconds": 10}))
+    msg = p["spec.decode.terminationGracePeriodSeconds"]
+    assert "drainSeconds + 16" in msg and "raise terminationGracePeriodSeconds" in msg
+
+
+def test_shutdown_timeout_is_managed():
+    with pytest.raises(SpecError) as info:
+        objects(minimal(engine={"kind": "vllm", "extraArgs": ["--shutdown-timeout", "0"]}))
+    assert "spec.engine.extraArgs[0]" in dict(info.value.problems)
+
+
+# ---------------------------------------------------------------- 2. TP rules, over the grid
+
+# What each pinned engine enforces between prefill TP (P) and decode TP (D).
+# "divides": one of P, D is a multiple of the other.
+#   vLLM NixlConnector: kv_connector/utils.py TransferTopology.tp_ratio asserts
+#     local % remote == 0 (local >= remote) or remote % local == 0; both directions
+#     are mapped (nixl/tp_mapping.py compute_tp_mapping).
+#   vLLM MooncakeConnector: mooncake/mooncake_connector.py _get_tp_ratio, the same asserts.
+#   SGLang mooncake and nixl: disaggregation/common/conn.py _resolve_rank_mapping maps
+#     ranks with attn_tp // other attn_tp; the TP that counts is the attention TP
+#     (runtime_context.py derive_attn_tp_size = tp_size // attn_dp_size).
+TP_RULE = {
+    ("vllm", "nixl"): ("divides", "NixlConnector"),
+    ("vllm", "mooncake"): ("divides", "MooncakeConnector"),
+    ("sglang", "mooncake"): ("divides", "SGLang"),
+    ("sglang", "nixl"): ("divides", "SGLang"),
+}
+# DP layouts per engine: (prefill DP, decode DP, DP attention). SGLang with attention DP
+# needs TP % DP == 0 (arg_groups/parallel_hook.py) and maps attention TP = TP / DP.
+DP_LAYOUTS = {
+    "vllm": [(1, 1, False), (1, 4, False), (2, 1, False)],
+    "sglang": [(1, 1, False), (2, 2, False), (1, 2, True)],
+}
+GRID = [(engine, backend, dp, p, d)
+        for (engine, backend) in TP_RULE for dp in DP_LAYOUTS[engine] for p in range(1, 9) for d in range(1, 9)]
+
+
+def _divides(a: int, b: int) -> bool:
+    return a % b == 0 or b % a == 0
+
+
+@pytest.mark.parametrize("engine,backend,dp,p,d", GRID)
+def test_tp_grid(engine, backend, dp, p, d):
+    pdp, ddp, attn = dp
+    obj = minimal(engine, kvTransfer={"backend": backend}, topology={"gpusPerNode": 64},
+                  prefill={"tensorParallelSize": p, "dataParallelSize": pdp},
+                  decode={"tensorParallelSize": d, "dataParallelSize": ddp, **({"dataParallelAttention": True} if attn else {})})
+    rule, reason = TP_RULE[(engine, backend)]
+    assert rule == "divides"
+    if attn and d % ddp:
+        msg = problems(obj)["spec.decode.dataParallelSize"]
+        assert "multiple of dataParallelSize" in msg
+        return
+    d_attn = d // ddp if attn else d
+    if _divides(p, d_attn):
+        validate_service(obj)
+        render(validate_service(obj))
+    else:
+        msg = problems(obj)["spec.decode.tensorParallelSize"]
+        assert reason in msg and "divide" in msg
+
+
+def test_nixl_pipeline_parallel_on_decode_is_refused():
+    # nixl/base_worker.py: kv_consumer with pipeline_parallel_size > 1 raises NotImplementedError
+    p = problems(minimal(decode={"pipelineParallelSize": 2}))
+    assert "pipeline parallelism on decode" in p["spec.decode.pipelineParallelSize"]
+    # a producer (prefill) with PP > 1 is supported (push/pull pp_size handling)
+    validate_service(minimal(prefill={"pipelineParallelSize": 2}))
+    # MooncakeConnector handles unequal PP (remote_pp_size in its transfer metadata)
+    validate_service(minimal(kvTransfer={"backend": "mooncake"}, decode={"pipelineParallelSize": 2}))
+
+
+# ---------------------------------------------------------------- 4. managed flags by any alias
+
+# Aliases the pinned parsers register for flags the operator renders (flag-set
+# snapshots, from SGLang ServerArgs Arg(aliases=...) and vLLM's add_argument).
+@pytest.mark.parametrize("kind,args", [
+    ("sglang", ["--tensor-parallel-size", "2"]),        # alias of --tp-size
+    ("sglang", ["--data-parallel-size", "2"]),          # alias of --dp-size
+    ("sglang", ["--pipeline-parallel-size", "2"]),      # alias of --pp-size
+    ("sglang", ["--attention-data-parallel-size", "2"]),  # alias of --attn-dp-size
+    ("sglang", ["--nccl-init-addr", "x:1"]),             # alias of --dist-init-addr: not managed, must pass
+    ("vllm", ["--device-memory-utilization", "0.5"]),   # alias of --gpu-memory-utilization
+    ("vllm", ["--disable-prefix-caching"]),             # negative alias of --enable-prefix-caching
+    ("vllm", ["--tensor_parallel_size", "2"]),          # underscores are dashes to vLLM
+    ("vllm", ["--kv-transfer-config.kv_role", "kv_both"]),  # dotted JSON key of a managed flag
+    ("vllm", ["-tp=2"]),
+])
+def test_managed_flags_are_refused_by_any_alias(kind, args):
+    obj = minimal(kind, engine={"kind": kind, "extraArgs": args})
+    if args[0] == "--nccl-init-addr":
+        objects(obj)
+        return
+    with pytest.raises(SpecError) as info:
+        objects(obj)
+    msg = dict(info.value.problems)["spec.engine.extraArgs[0]"]
+    assert "set by the operator" in msg
+
+
+# ---------------------------------------------------------------- 9. SGLang attention DP shares the TP GPUs
+
+def test_sglang_dp_attention_counts_the_tp_gpus():
+    # managers/data_parallel_controller.py: launch_dp_attention_schedulers runs the
+    # attention-DP ranks inside one TP group (TP x PP GPUs); launch_dp_schedulers gives
+    # each DP replica its own TP x PP GPUs.
+    obj = minimal("sglang", decode={"tensorParallelSize": 8, "dataParallelSize": 8, "dataParallelAttention": True})
+    c = container(obj, "decode")
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert flag(c["command"], "--attn-dp-size") == "8" and "--dp-size" not in c["command"]
+    # the same sizes as DP replicas: 64 GPUs, more than a node
+    p = problems(minimal("sglang", decode={"tensorParallelSize": 8, "dataParallelSize": 8}))
+    assert "must fit on one node" in p["spec.decode.tensorParallelSize"]
+
+
+def test_dp_attention_needs_tp_multiple_of_dp_and_is_sglang_only():
+    # arg_groups/parallel_hook.py: assert tp_size % attn_dp_size == 0
+    p = problems(minimal("sglang", decode={"tensorParallelSize": 4, "dataParallelSize": 8, "dataParallelAttention": True}))
+    assert "multiple of dataParallelSize" in p["spec.decode.dataParallelSize"]
+    p = problems(minimal("vllm", decode={"dataParallelSize": 2, "dataParallelAttention": True}))
+    assert "SGLang setting" in p["spec.engine.kind"]
+
+
+# ---------------------------------------------------------------- 3. env merged by name
+
+RDMA = {"resourceName": "rdma/ib", "ibDevices": ["mlx5_0"]}
+
+
+@pytest.mark.parametrize("kind,name,extra", [
+    ("vllm", "UCX_TLS", {"kvTransfer": {"rdma": RDMA}}),
+    ("vllm", "UCX_NET_DEVICES", {"kvTransfer": {"rdma": RDMA}}),
+    ("vllm", "HF_HOME", {}),
+    ("vllm", "VLLM_NIXL_SIDE_CHANNEL_PORT", {}),
+    ("sglang", "SGLANG_DISAGG_STAGING_BUFFER", {"prefill": {"tensorParallelSize": 2}}),
+    ("sglang", "HF_HOME", {}),
+])
+def test_user_env_replaces_the_operator_value(kind, name, extra):
+    # A pod with two env entries of one name is refused by the API server
+    # (StatefulSet validation); the user's value must win, once.
+    obj = minimal(kind, engine={"kind": kind, "env": [{"name": name, "value": "mine"}]}, **extra)
+    for role in ("prefill", "decode"):
+        env = container(obj, role)["env"]
+        names = [e["name"] for e in env]
+        assert len(names) == len(set(names)), names
+        assert {"name": name, "value": "mine"} in env
+
+
+def test_pool_env_wins_over_engine_env():
+    obj = minimal(engine={"kind": "vllm", "env": [{"name": "X", "value": "engine"}]},
+                  decode={"env": [{"name": "X", "value": "pool"}]})
+    assert [e for e in container(obj, "decode")["env"] if e["name"] == "X"] == [{"name": "X", "value": "pool"}]
+    assert [e for e in container(obj, "prefill")["env"] if e["name"] == "X"] == [{"name": "X", "value": "engine"}]
+
+
+# ---------------------------------------------------------------- 6. port clashes on a pod
+
+# Ports an engine pod listens on: the API port (vLLM --port 8000, SGLang --port 30000);
+# the bootstrap server on prefill (SGLang --disaggregation-bootstrap-port; vLLM Mooncake
+# VLLM_MOONCAKE_BOOTSTRAP_PORT); vLLM NIXL side channel VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank
+# (nixl utils); MoRIIO handshake_port and notify_port + dp_rank * tp_size + tp_rank
+# (moriio_common.py). Two of them equal: the second bind fails at start.
+@pytest.mark.parametrize("kind,spec,field", [
+    ("sglang", {"kvTransfer": {"bootstrapPort": 30000}}, "spec.kvTransfer.bootstrapPort"),
+    ("vllm", {"kvTransfer": {"backend": "mooncake", "bootstrapPort": 8000}}, "spec.kvTransfer.bootstrapPort"),
+    ("vllm", {"kvTransfer": {"nixl": {"sideChannelPort": 8000}}}, "spec.kvTransfer.nixl.sideChannelPort"),
+    # side channel of DP rank 3 = 7997 + 3 = the API port
+    ("vllm", {"kvTransfer": {"nixl": {"sideChannelPort": 7997}}, "decode": {"dataParallelSize": 4}},
+     "spec.kvTransfer.nixl.sideChannelPort"),
+    ("vllm", {"engine": {"kind": "vllm", "accelerator": "amd", "image": "rocm/vllm:x"},
+              "kvTransfer": {"backend": "moriio", "moriio": {"handshakePort": 7000, "notifyPort": 6999}},
+              "decode": {"tensorParallelSize": 2}}, "spec.kvTransfer.moriio.notifyPort"),
+])
+def test_equal_ports_on_a_pod_are_refused(kind, spec, field):
+    obj = minimal(kind, **spec)
+    with pytest.raises(SpecError) as info:
+        objects(obj)
+    problems_ = dict(info.value.problems)
+    assert field in problems_ and "port" in problems_[field], problems_
+
+
+def test_distinct_ports_pass():
+    objects(minimal("vllm", kvTransfer={"nixl": {"sideChannelPort": 7996}}, decode={"dataParallelSize": 4}))
+    objects(minimal("sglang", kvTransfer={"bootstrapPort": 30001}))
+
+
+# ---------------------------------------------------------------- 5. Mooncake over RDMA needs RDMA
+
+# vLLM mooncake_connector.py: mooncake_protocol defaults to "rdma" and the transfer
+# engine's initialize() failing raises "Mooncake Transfer Engine initialization failed";
+# SGLang --disaggregation-transfer-backend mooncake is the RDMA backend, mooncake_tcp TCP.
+def test_mooncake_without_rdma_uses_tcp():
+    c = container(minimal("sglang"), "prefill")
+    assert flag(c["command"], "--disaggregation-transfer-backend") == "mooncake_tcp"
+    c = container(minimal("vllm", kvTransfer={"backend": "mooncake"}), "decode")
+    assert '"mooncake_protocol":"tcp"' in flag(c["command"], "--kv-transfer-config")
+
+
+def test_mooncake_with_rdma_uses_rdma():
+    c = container(minimal("sglang", kvTransfer={"rdma": RDMA}), "prefill")
+    assert flag(c["command"], "--disaggregation-transfer-backend") == "mooncake"
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+def test_mooncake_rdma_set_without_a_device_is_refused():
+    p = problems(minimal("sglang", kvTransfer={"mooncake": {"protocol": "rdma"}}))
+    assert "kvTransfer.rdma.resourceName" in p["spec.kvTransfer.mooncake.protocol"]
+
+
+def test_status_says_tcp_was_chosen():
+    from pd_operator.controller.status import Observed, compute_status
+    from tests.unit.test_status import deploy
+    from tests.unit.test_status import sts as ready_sts
+
+    obs = Observed({"prefill": ready_sts(1, 1), "decode": ready_sts(1, 1)}, deploy(1, 1), {})
+    ready = {}
+    for spec, says in ((minimal("sglang"), True), (minimal("sglang", kvTransfer={"rdma": RDMA}), False)):
+        status = compute_status(validate_service(spec), obs, 1, None, "2026-01-01T00:00:00Z")
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
+        assert ("Mooncake TCP" in ready["message"]) == says
+
+
+# ---------------------------------------------------------------- 7. probes
+
+def test_sglang_health_probe_does_not_generate():
+    # srt/entrypoints/http_server.py health_generate: /health runs a one-token
+    # generation unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (environ.py, default
+    # True) is false; then it answers without generating (503 while starting or draining).
+    for role in ("prefill", "decode"):
+        c = container(minimal("sglang"), role)
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"} in c["env"]
+
+
+def test_probe_timing_per_pool():
+    obj = minimal("sglang", decode={"probes": {"liveness": {"periodSeconds": 30, "timeoutSeconds": 20, "failureThreshold": 10}}})
+    live = container(obj, "decode")["livenessProbe"]
+    assert (live["periodSeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (30, 20, 10)
+    assert container(obj, "prefill")["livenessProbe"]["timeoutSeconds"] == 5
