@@ -552,7 +552,13 @@ class PoolSpec(Base):
         None,
         description="Required GPU model, matched against the node label topology.gpuProductLabel (GPU Feature Discovery), e.g. NVIDIA-H200.",
     )
-    resources: Resources = obj(description="CPU/memory requests and limits of each engine container (GPUs are added by the operator).", default_factory=Resources)
+    resources: Resources = obj(
+        description="CPU/memory requests and limits of each engine container (GPUs are added by the operator). "
+        "A key set neither here as a request nor as a limit gets a default request, so engine pods are never "
+        "BestEffort (the first evicted): cpu 4 per GPU, memory 32Gi per GPU plus shmSize plus the LMCache CPU tier, "
+        "ephemeral-storage 20Gi. No memory limit is set unless you set one.",
+        default_factory=Resources,
+    )
     gpu_memory_utilization: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Fraction of GPU memory for weights and KV cache (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static).")
     max_running_requests: Optional[int] = Field(None, ge=1, le=65536, description="Most requests batched at once (vLLM --max-num-seqs, SGLang --max-running-requests).")
     max_batched_tokens: Optional[int] = Field(None, ge=16, le=10_000_000, description="Token budget of one scheduler step (vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size).")
@@ -564,6 +570,11 @@ class PoolSpec(Base):
     priority_class_name: Optional[SecretName] = Field(None, description="PriorityClass of the pool's pods.")
     annotations: dict[QualifiedName, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pool's pods.")
     drain_seconds: int = Field(10, ge=0, le=600, description="On scale-down, the pod waits this long (preStop) before the engine gets SIGTERM, so the router stops sending it new requests.")
+    shm_size: Quantity = Field(
+        "16Gi",
+        description="Size of the memory-backed /dev/shm of each pod (NCCL and the engines' shared-memory queues use it). "
+        "tmpfs pages are charged to the pod's memory, so the default memory request includes it.",
+    )
 
     def desired_replicas(self, current: int | None) -> int:
         """The replica count to apply, given the pool's current size (None: not created yet).
