@@ -667,8 +667,12 @@ class TopologySpec(Base):
     )
     colocate: Literal["none", "preferred", "required"] = Field(
         "preferred",
-        description="Place decode pods in the NVLink domain of prefill pods: preferred (default; a soft preference, also for the same node), "
-        "required (decode pods only schedule next to a prefill pod), or none.",
+        description="Place decode pods in the NVLink domain (nvlinkDomainKey) of prefill pods: preferred (default; a soft "
+        "preference, inert on nodes without the label, e.g. HGX H100/H200, where GPU Feature Discovery sets no clique), "
+        "required (decode pods only schedule in a prefill pod's domain: Pending forever where no node carries the label), "
+        "or none. Unless nvlinkDomainKey is kubernetes.io/hostname, the pools also prefer different hosts: two pods on "
+        "one node cannot reach each other's GPUs (separate containers), so sharing a node buys no KV bandwidth and "
+        "loses a replica of both pools when it fails.",
     )
     spread_key: QualifiedName = Field("kubernetes.io/hostname", description="Topology key each pool spreads its replicas over.")
 

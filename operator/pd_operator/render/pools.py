@@ -102,14 +102,21 @@ def _affinity(svc: PDInferenceService, role: str) -> dict:
         return affinity
     peer = "decode" if role == "prefill" else "prefill"
     peer_selector = {"matchLabels": selector_labels(svc, peer)}
-    # Prefer the peer pool's NVLink domain, and more strongly its very node
-    # (KV then moves over NVLink/PCIe instead of the NIC).
+    # Prefer the peer pool's NVLink domain only. The same host buys nothing:
+    # two pods are two containers, each seeing only its own GPUs, so CUDA IPC
+    # between them is not possible and KV goes through the NIC anyway, while
+    # one node failure would take a replica of both pools. The domain label
+    # (GFD's nvidia.com/gpu.clique) exists only on multi-node NVLink systems
+    # (NVL72), so on HGX nodes this term is inert and the anti-affinity below
+    # spreads the pools over hosts (tests/contract/FACTS.md, "Placement").
     preferred = [
-        {"weight": 100, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": "kubernetes.io/hostname"}}
+        {"weight": 100, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": topo.nvlink_domain_key}}
     ]
-    if topo.nvlink_domain_key != "kubernetes.io/hostname":
-        preferred.append({"weight": 50, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": topo.nvlink_domain_key}})
     pod_affinity: dict = {"preferredDuringSchedulingIgnoredDuringExecution": preferred}
+    if topo.nvlink_domain_key != "kubernetes.io/hostname":
+        affinity["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 50, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": "kubernetes.io/hostname"}}
+        ]}
     if topo.colocate == "required" and role == "decode":
         # Only decode requires its peer: if both sides required each other the
         # first pod of either pool could never schedule. Prefill goes first
