@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Local Kubernetes control plane with GPU-shaped fake nodes, for tests and demos.
 
-    e2e/cluster.sh up       build what is missing, start (or create) the cluster,
-                            register the GPU nodes, print the kubeconfig path
+    e2e/cluster.sh up [--profile P]   build what is missing, start (or create)
+                            the cluster, register the GPU nodes of node profile P
+                            (default hgx-h200, or $PD_NODE_PROFILE; see
+                            e2e/nodeprofiles.py --list), print the kubeconfig path
     e2e/cluster.sh down     stop every process of the cluster, keep its state
                             (the next `up` is a warm start)
     e2e/cluster.sh delete   stop and remove the cluster's state
@@ -17,7 +19,9 @@ What runs (all real binaries, built by e2e/controlplane/build.sh):
   etcd 3.6, kube-apiserver, kube-controller-manager, kube-scheduler (the real
   ones: CRD validation and CEL, SSA, GC, StatefulSet controller and the
   GPU-aware scheduler are all genuine) and kwok-controller, which plays the
-  kubelet for the fake nodes in e2e/controlplane/nodes.yaml.
+  kubelet for the fake nodes of the cluster's node profile (e2e/nodeprofiles.py;
+  the default profile is also e2e/controlplane/nodes.yaml). A cluster keeps
+  the profile it was created with; asking for another one recreates it.
 
 Supervision is kwokctl's `binary` runtime: it writes certificates and
 configuration, starts each component as a detached process with a pid file and
@@ -65,6 +69,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CONTROLPLANE = HERE / "controlplane"
 NODES_YAML = CONTROLPLANE / "nodes.yaml"
+# The node profile a new cluster gets when up() is not given one.
+NODE_PROFILE_ENV = "PD_NODE_PROFILE"
 # PD_CLUSTER_NAME: run a second, separate local cluster (own ports, own state).
 DEFAULT_NAME = os.environ.get("PD_CLUSTER_NAME") or "pd-local"
 
@@ -332,6 +338,37 @@ def _wait(what: str, fn, timeout: float, interval: float = 0.25) -> None:
         time.sleep(interval)
 
 
+def _nodeprofiles():
+    """e2e/nodeprofiles.py, imported by path (e2e/ is not a package)."""
+    import importlib.util
+
+    mod_name = "pd_e2e_nodeprofiles"
+    if mod_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod_name, HERE / "nodeprofiles.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[mod_name]
+
+
+def default_profile() -> str:
+    return os.environ.get(NODE_PROFILE_ENV) or _nodeprofiles().DEFAULT_PROFILE
+
+
+def _profile_file(name: str) -> Path:
+    return _run_dir() / f"{name}.profile"
+
+
+def profile_of(name: str = DEFAULT_NAME) -> str | None:
+    """The node profile the cluster was created with (None: not recorded)."""
+    f = _profile_file(name)
+    return f.read_text().strip() if f.is_file() else None
+
+
+def _node_count(name: str) -> int:
+    return len(_nodeprofiles().nodes(profile_of(name) or default_profile()))
+
+
 def _nodes_ready(name: str) -> bool:
     r = kubectl("get", "nodes", "-l", "type=kwok", "-o",
                 'jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
@@ -339,7 +376,7 @@ def _nodes_ready(name: str) -> bool:
     if r.returncode != 0:
         return False
     lines = [ln for ln in r.stdout.splitlines() if ln]
-    return len(lines) >= 4 and all(ln.endswith("=True") for ln in lines)
+    return len(lines) >= _node_count(name) and all(ln.endswith("=True") for ln in lines)
 
 
 def _default_sa_exists(name: str) -> bool:
@@ -365,21 +402,27 @@ def _node_leases(name: str) -> list[tuple[str, str, float]]:
 
 def _kwok_owns_nodes(name: str, started: float) -> bool:
     leases = _node_leases(name)
-    return (len(leases) >= 4 and len({h for _, h, _ in leases}) == 1
+    return (len(leases) >= _node_count(name) and len({h for _, h, _ in leases}) == 1
             and all(t >= started - 1 for _, _, t in leases))
 
 
 def register_nodes(name: str = DEFAULT_NAME) -> None:
-    """Create the GPU nodes. Node status (capacity) can only be set at creation
-    time through the main resource, so nodes are created, not applied; existing
-    ones are left as they are (labels are re-applied)."""
+    """Create the GPU nodes of the cluster's profile. Node status (capacity) can
+    only be set at creation time through the main resource, so nodes are
+    created, not applied; existing ones are left as they are (labels are
+    re-applied: one field manager, so a label the profile no longer has goes)."""
+    profile = profile_of(name) or default_profile()
     kubectl("apply", "--server-side", "--field-manager=pd-e2e", "--force-conflicts",
-            "-f", str(NODES_YAML), name=name)
+            "-f", "-", name=name, input=_nodeprofiles().to_yaml(profile))
 
 
-def up(name: str = DEFAULT_NAME, timeout: float = 180.0) -> Path:
-    """Idempotent start. Returns the kubeconfig path."""
+def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = None) -> Path:
+    """Idempotent start with the GPU nodes of ``profile`` (default: the
+    cluster's own, else $PD_NODE_PROFILE, else hgx-h200). Returns the
+    kubeconfig path."""
     ensure_built()
+    profile = profile or profile_of(name) or default_profile()
+    _nodeprofiles().nodes(profile)  # unknown profile: fail before anything starts
     with _lock(name):
         t0 = time.monotonic()
         started = time.time()
@@ -390,6 +433,10 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0) -> Path:
             # versions.env or this file changed since the cluster was made:
             # kwokctl only reads its configuration at creation, so recreate.
             log(f"cluster {name} was created with another configuration: recreating it")
+            _delete_locked(name)
+        if created(name) and profile_of(name) not in (None, profile):
+            # Node capacity is fixed at node creation: another profile is another cluster.
+            log(f"cluster {name} has node profile {profile_of(name)}, not {profile}: recreating it")
             _delete_locked(name)
         if is_running(name):
             log(f"cluster {name} already running")
@@ -417,8 +464,9 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0) -> Path:
             # the previous process expired (nodeLeaseDurationSeconds below).
             _wait("kwok-controller to hold the node leases",
                   lambda: _kwok_owns_nodes(name, started), timeout)
+        _profile_file(name).write_text(profile + "\n")
         register_nodes(name)
-        _wait("4 GPU nodes Ready", lambda: _nodes_ready(name), timeout)
+        _wait(f"{_node_count(name)} GPU nodes Ready ({profile})", lambda: _nodes_ready(name), timeout)
         _wait("default service account", lambda: _default_sa_exists(name), timeout)
         log(f"cluster {name} up in {time.monotonic() - t0:.1f}s")
     return kubeconfig_path(name)
@@ -445,6 +493,7 @@ def _delete_locked(name: str) -> None:
     if workdir(name).exists():
         shutil.rmtree(workdir(name))
     (_run_dir() / f"{name}.kwokctl.yaml").unlink(missing_ok=True)
+    _profile_file(name).unlink(missing_ok=True)
     log(f"cluster {name} deleted")
 
 
@@ -459,6 +508,7 @@ def status(name: str = DEFAULT_NAME) -> int:
     print(f"name:       {name}")
     print(f"kubeconfig: {kubeconfig_path(name)}")
     print(f"created:    {created(name)}")
+    print(f"profile:    {profile_of(name) or '-'}")
     comps = running_components(name)
     print("processes:  " + (", ".join(f"{c}={p}" for c, p in sorted(comps.items())) or "none"))
     up_ = is_running(name)
@@ -472,11 +522,12 @@ def main(argv: list[str]) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="e2e/cluster.sh", description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", default=DEFAULT_NAME)
+    ap.add_argument("--profile", default=None, help="node profile for up (e2e/nodeprofiles.py --list)")
     ap.add_argument("command", choices=["up", "down", "delete", "status", "kubeconfig", "kubectl", "build"])
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     if a.command == "up":
-        print(up(a.name))
+        print(up(a.name, profile=a.profile))
     elif a.command == "down":
         down(a.name)
     elif a.command == "delete":

@@ -78,7 +78,6 @@ def gpu_pod(name: str, gpus: int) -> client.V1Pod:
 def test_gpu_nodes_are_shaped_like_h200_nodes(core_v1):
     nodes = core_v1.list_node(label_selector=f"nvidia.com/gpu.product={GPU_PRODUCT}").items
     assert len(nodes) >= 4, [n.metadata.name for n in nodes]
-    cliques = {}
     for n in nodes:
         labels = n.metadata.labels
         assert labels["nvidia.com/gpu.count"] == "8"
@@ -87,9 +86,9 @@ def test_gpu_nodes_are_shaped_like_h200_nodes(core_v1):
         assert n.status.allocatable["nvidia.com/gpu"] == "8"
         assert parse_quantity(n.status.allocatable["rdma/rdma_shared_device_a"]) > 0
         assert condition(n, "Ready").status == "True"
-        cliques.setdefault(labels["nvidia.com/gpu.clique"], []).append(n.metadata.name)
-    # two NVLink domains of two nodes each
-    assert sorted(len(v) for v in cliques.values()) == [2, 2], cliques
+        # HGX H200: NVSwitches inside the node, so GFD sets no clique label
+        # (e2e/nodeprofiles.py; the gb200-nvl72 profile has cliques).
+        assert "nvidia.com/gpu.clique" not in labels
 
 
 # --- (a), (b): the CRD on the real API server -----------------------------------

@@ -56,3 +56,55 @@ def test_take_books_gpus_so_two_pools_do_not_count_them_twice():
     assert fit.room(free, nodes, t, GPU) == 3
     fit.take(free, nodes, t, GPU, 2)
     assert fit.room(free, nodes, t, GPU) == 1 and sum(free.values()) == 2
+
+
+# --- Templates the renderer produced (not hand-built): gpuProduct is pinned
+# through nodeAffinity, not nodeSelector, so the cap must read node affinity.
+
+def _rendered_template(role: str = "decode", **spec) -> dict:
+    from pd_operator.api import validate_service
+    from pd_operator.render import render
+    from tests.conftest import minimal
+
+    objs = render(validate_service(minimal(**spec)))
+    sts = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == f"svc-{role}")
+    return sts["spec"]["template"]
+
+
+def test_rendered_gpu_product_affinity_leaves_other_gpu_models_out():
+    """H200 nodes full, an idle A100 node: a pool pinned to NVIDIA-H200 has no room."""
+    t = _rendered_template(decode={"tensorParallelSize": 8, "gpuProduct": "NVIDIA-H200"},
+                           prefill={"tensorParallelSize": 8, "gpuProduct": "NVIDIA-H200"})
+    assert "nodeSelector" not in t["spec"]  # the renderer pins the product through affinity
+    nodes = [node("h200-a"), node("h200-b"), node("a100", labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})]
+    free = fit.free_gpus(nodes, [pod("h200-a", 8), pod("h200-b", 8)], GPU)
+    assert fit.room(free, nodes, t, GPU) == 0
+    fit.take(free, nodes, t, GPU, 1)
+    assert free["a100"] == 8  # nothing booked on a node the pod cannot land on
+    # Without gpuProduct the A100 node is a candidate.
+    assert fit.room(free, nodes, _rendered_template(decode={"tensorParallelSize": 8},
+                                                    prefill={"tensorParallelSize": 8}), GPU) == 1
+
+
+def test_node_affinity_operators_and_terms():
+    """nodeSelectorTerms are ORed, matchExpressions ANDed (the scheduler's rule)."""
+    def tmpl(terms):
+        return {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+                         "containers": [{"resources": {"limits": {GPU: "8"}}}]}}
+    nodes = [node("h200", labels={"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": "8"}),
+             node("h100", labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}),
+             node("bare", labels={"kubernetes.io/hostname": "bare"})]
+    free = fit.free_gpus(nodes, [], GPU)
+    product = "nvidia.com/gpu.product"
+    assert fit.room(free, nodes, tmpl([{"matchExpressions": [{"key": product, "operator": "NotIn", "values": ["NVIDIA-H200"]}]}]), GPU) == 2
+    assert fit.room(free, nodes, tmpl([{"matchExpressions": [{"key": product, "operator": "Exists"}]}]), GPU) == 2
+    assert fit.room(free, nodes, tmpl([{"matchExpressions": [{"key": product, "operator": "DoesNotExist"}]}]), GPU) == 1
+    assert fit.room(free, nodes, tmpl([{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["4"]}]}]), GPU) == 2
+    assert fit.room(free, nodes, tmpl([{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Lt", "values": ["4"]}]}]), GPU) == 0
+    both = [{"matchExpressions": [{"key": product, "operator": "In", "values": ["NVIDIA-H200"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["bare"]}]}]
+    assert fit.room(free, nodes, tmpl(both), GPU) == 2
+    anded = [{"matchExpressions": [{"key": product, "operator": "Exists"},
+                                   {"key": product, "operator": "NotIn", "values": ["NVIDIA-H200"]}]}]
+    assert fit.room(free, nodes, tmpl(anded), GPU) == 1
+    assert fit.room(free, nodes, tmpl([{}]), GPU) == 0  # an empty term matches no node (core/v1 NodeSelectorTerm)

@@ -583,7 +583,13 @@ class PoolSpec(Base):
         None,
         description="Required GPU model, matched against the node label topology.gpuProductLabel (GPU Feature Discovery), e.g. NVIDIA-H200.",
     )
-    resources: Resources = obj(description="CPU/memory requests and limits of each engine container (GPUs are added by the operator).", default_factory=Resources)
+    resources: Resources = obj(
+        description="CPU/memory requests and limits of each engine container (GPUs are added by the operator). "
+        "A key set neither here as a request nor as a limit gets a default request, so engine pods are never "
+        "BestEffort (the first evicted): cpu 4 per GPU, memory 32Gi per GPU plus shmSize plus the LMCache CPU tier, "
+        "ephemeral-storage 20Gi. No memory limit is set unless you set one.",
+        default_factory=Resources,
+    )
     gpu_memory_utilization: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Fraction of GPU memory for weights and KV cache (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static).")
     max_running_requests: Optional[int] = Field(None, ge=1, le=65536, description="Most requests batched at once (vLLM --max-num-seqs, SGLang --max-running-requests).")
     max_batched_tokens: Optional[int] = Field(None, ge=16, le=10_000_000, description="Token budget of one scheduler step (vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size).")
@@ -601,6 +607,11 @@ class PoolSpec(Base):
         "sending it new requests. The engine then drains its in-flight requests for the rest of "
         f"terminationGracePeriodSeconds, less {ENGINE_TEARDOWN_MARGIN_S} s kept for its teardown "
         "(vLLM --shutdown-timeout; SGLang drains until all requests are done).",
+    )
+    shm_size: Quantity = Field(
+        "16Gi",
+        description="Size of the memory-backed /dev/shm of each pod (NCCL and the engines' shared-memory queues use it). "
+        "tmpfs pages are charged to the pod's memory, so the default memory request includes it.",
     )
 
     def desired_replicas(self, current: int | None) -> int:
@@ -736,8 +747,12 @@ class TopologySpec(Base):
     )
     colocate: Literal["none", "preferred", "required"] = Field(
         "preferred",
-        description="Place decode pods in the NVLink domain of prefill pods: preferred (default; a soft preference, also for the same node), "
-        "required (decode pods only schedule next to a prefill pod), or none.",
+        description="Place decode pods in the NVLink domain (nvlinkDomainKey) of prefill pods: preferred (default; a soft "
+        "preference, inert on nodes without the label, e.g. HGX H100/H200, where GPU Feature Discovery sets no clique), "
+        "required (decode pods only schedule in a prefill pod's domain: Pending forever where no node carries the label), "
+        "or none. Unless nvlinkDomainKey is kubernetes.io/hostname, the pools also prefer different hosts: two pods on "
+        "one node cannot reach each other's GPUs (separate containers), so sharing a node buys no KV bandwidth and "
+        "loses a replica of both pools when it fails.",
     )
     spread_key: QualifiedName = Field("kubernetes.io/hostname", description="Topology key each pool spreads its replicas over.")
 

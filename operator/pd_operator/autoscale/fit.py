@@ -7,10 +7,11 @@ pods bound to them, and the pool's pod template (from its StatefulSet). A
 replica is one pod, so it must fit on one node: its GPU request
 (``topology.gpuResourceName``) against the node's allocatable minus what the
 pods on it request. Nodes the pod cannot land on are left out: cordoned,
-not Ready, not matching the template's nodeSelector, or with a NoSchedule /
-NoExecute taint the template does not tolerate. What this does not see (node
-affinity expressions, other resources such as RDMA, pod affinity) the
-scheduler still decides; the Unschedulable guard of decide() covers it.
+not Ready, not matching the template's nodeSelector or its required node
+affinity (the renderer pins ``gpuProduct`` there, not in nodeSelector), or
+with a NoSchedule / NoExecute taint the template does not tolerate. What this
+does not see (other resources such as RDMA, pod affinity) the scheduler still
+decides; the Unschedulable guard of decide() covers it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,46 @@ def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
     return False
 
 
+def _requirement(req: dict, values: dict) -> bool:
+    """One NodeSelectorRequirement against a node's labels (or fields), with
+    the scheduler's operators: In, NotIn, Exists, DoesNotExist, Gt, Lt."""
+    key, op, want = req.get("key"), req.get("operator"), req.get("values") or []
+    have = values.get(key)
+    if op == "In":
+        return have is not None and have in want
+    if op == "NotIn":
+        return have is None or have not in want
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt"):
+        try:
+            mine, bound = int(have), int(want[0])
+        except (TypeError, ValueError, IndexError):
+            return False
+        return mine > bound if op == "Gt" else mine < bound
+    return False
+
+
+def _node_affinity(node: dict, template_spec: dict) -> bool:
+    """The template's requiredDuringScheduling node affinity: terms ORed, the
+    requirements of a term ANDed; an empty term matches no node."""
+    required = (((template_spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not required:
+        return True
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    fields = {"metadata.name": (node.get("metadata") or {}).get("name")}
+    for term in required.get("nodeSelectorTerms") or []:
+        exprs, field_exprs = term.get("matchExpressions") or [], term.get("matchFields") or []
+        if not exprs and not field_exprs:
+            continue
+        if all(_requirement(r, labels) for r in exprs) and all(_requirement(r, fields) for r in field_exprs):
+            return True
+    return False
+
+
 def _eligible(node: dict, template_spec: dict) -> bool:
     spec, status = node.get("spec") or {}, node.get("status") or {}
     if spec.get("unschedulable"):
@@ -64,6 +105,8 @@ def _eligible(node: dict, template_spec: dict) -> bool:
         return False
     labels = (node.get("metadata") or {}).get("labels") or {}
     if any(labels.get(k) != v for k, v in (template_spec.get("nodeSelector") or {}).items()):
+        return False
+    if not _node_affinity(node, template_spec):
         return False
     tolerations = template_spec.get("tolerations") or []
     return all(t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations)

@@ -85,8 +85,11 @@ def unschedulable_reason(svc: PDInferenceService, role: str, message: str) -> st
         hints.append(f"no node matches {what}: check {role}.gpuProduct / nodeSelector against your node labels")
     if "pod affinity" in message:
         hints.append(
-            f"no room next to a prefill pod in its NVLink domain ({topo.nvlink_domain_key}) for topology.colocate "
-            "required: use colocate preferred, or free GPUs in that domain"
+            f"topology.colocate required: no node next to a prefill pod in its NVLink domain ({topo.nvlink_domain_key}) "
+            f"has room, or no node carries the label {topo.nvlink_domain_key} at all (GPU Feature Discovery sets "
+            "nvidia.com/gpu.clique only on multi-node NVLink systems such as GB200 NVL72, never on HGX H100/H200 nodes): "
+            "use colocate preferred (the default), set topology.nvlinkDomainKey to a label your nodes carry, "
+            "or free GPUs in that domain"
         )
     if "untolerated taint" in message:
         hints.append(f"the nodes have taints the pods do not tolerate: add {role}.tolerations")

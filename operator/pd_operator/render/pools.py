@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 from ..api.models import PDInferenceService
 from .common import child_name, labels, metadata, selector_labels
@@ -25,11 +26,55 @@ def gpu_count(svc: PDInferenceService, role: str) -> int:
     return pool.gpus_per_replica()
 
 
+# Default requests of an engine container, per GPU it gets (overridable key by
+# key through pool.resources). Without them the pod is BestEffort: the kubelet
+# evicts it first under node memory pressure, with a memory-backed /dev/shm and
+# LMCache's CPU tier resident. Sized for HGX nodes (8 GPUs, >= 200 CPUs and
+# >= 1.5 TiB): 8 x (4 CPU, 32Gi) leaves most of the node to others; a GB200
+# compute tray (4 GPUs) takes 16 CPU and 128Gi + shm.
+CPU_PER_GPU = 4
+MEMORY_PER_GPU_GI = 32
+EPHEMERAL_STORAGE = "20Gi"
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
+
+
+def quantity_bytes(q) -> float:
+    """Bytes in a Kubernetes quantity (16Gi, 64G, 1e9, 1024)."""
+    text = str(q)
+    for suffix, factor in (*_BINARY.items(), *_DECIMAL.items()):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def default_requests(svc: PDInferenceService, role: str) -> dict:
+    """cpu, memory and ephemeral-storage requests a pool's engine container
+    gets when the user sets neither a request nor a limit for the key."""
+    spec = svc.spec
+    pool = spec.pool(role)
+    gpus = gpu_count(svc, role)
+    memory = MEMORY_PER_GPU_GI * gpus * 2**30 + quantity_bytes(pool.shm_size)
+    lm = spec.kv_transfer.lmcache
+    if spec.backend() == "lmcache" and lm.local_cpu:
+        # LMCache's max_local_cpu_size is in GB, for each engine worker (one per GPU).
+        memory += lm.max_local_cpu_size_gb * 1e9 * gpus
+    return {
+        "cpu": str(CPU_PER_GPU * gpus),
+        "memory": f"{math.ceil(memory / 2**30)}Gi",
+        "ephemeral-storage": EPHEMERAL_STORAGE,
+    }
+
+
 def _resources(svc: PDInferenceService, role: str) -> dict:
     spec = svc.spec
     pool = spec.pool(role)
     requests = {k: v for k, v in pool.resources.requests.items()}
     limits = {k: v for k, v in pool.resources.limits.items()}
+    for key, value in default_requests(svc, role).items():
+        # A limit alone is also the request (Kubernetes defaults it): keep it.
+        if key not in requests and key not in limits:
+            requests[key] = value
     extended = {spec.topology.gpu_resource_name: gpu_count(svc, role)}
     rdma = spec.kv_transfer.rdma
     if rdma.resource_name:
@@ -57,14 +102,21 @@ def _affinity(svc: PDInferenceService, role: str) -> dict:
         return affinity
     peer = "decode" if role == "prefill" else "prefill"
     peer_selector = {"matchLabels": selector_labels(svc, peer)}
-    # Prefer the peer pool's NVLink domain, and more strongly its very node
-    # (KV then moves over NVLink/PCIe instead of the NIC).
+    # Prefer the peer pool's NVLink domain only. The same host buys nothing:
+    # two pods are two containers, each seeing only its own GPUs, so CUDA IPC
+    # between them is not possible and KV goes through the NIC anyway, while
+    # one node failure would take a replica of both pools. The domain label
+    # (GFD's nvidia.com/gpu.clique) exists only on multi-node NVLink systems
+    # (NVL72), so on HGX nodes this term is inert and the anti-affinity below
+    # spreads the pools over hosts (tests/contract/FACTS.md, "Placement").
     preferred = [
-        {"weight": 100, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": "kubernetes.io/hostname"}}
+        {"weight": 100, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": topo.nvlink_domain_key}}
     ]
-    if topo.nvlink_domain_key != "kubernetes.io/hostname":
-        preferred.append({"weight": 50, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": topo.nvlink_domain_key}})
     pod_affinity: dict = {"preferredDuringSchedulingIgnoredDuringExecution": preferred}
+    if topo.nvlink_domain_key != "kubernetes.io/hostname":
+        affinity["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 50, "podAffinityTerm": {"labelSelector": peer_selector, "topologyKey": "kubernetes.io/hostname"}}
+        ]}
     if topo.colocate == "required" and role == "decode":
         # Only decode requires its peer: if both sides required each other the
         # first pod of either pool could never schedule. Prefill goes first
@@ -78,7 +130,7 @@ def _affinity(svc: PDInferenceService, role: str) -> dict:
 
 def _volumes(svc: PDInferenceService, engine: EngineAdapter, role: str) -> tuple[list[dict], list[dict]]:
     src = svc.spec.model.source
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(svc.spec.pool(role).shm_size)}}]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if src.type == "pvc":
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": src.claim_name, "readOnly": True}})
