@@ -22,6 +22,7 @@ import time
 import kopf
 
 from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
+from .health import HEALTH
 from .kube import FIELD_MANAGER, Kube
 from .reconcile import reconcile
 
@@ -103,6 +104,8 @@ def on_service(namespace: str, name: str, **_) -> None:
 def resync_forever(namespaces: list[str], stop: threading.Event) -> None:
     """Reconcile every service in scope every RESYNC_SECONDS until stopped."""
     log = logging.getLogger(__name__)
+    max_age = 3 * RESYNC_SECONDS + 600  # a resync round reconciles every service in turn
+    HEALTH.beat("resync", max_age)
     while not stop.wait(RESYNC_SECONDS):
         for namespace in namespaces or [None]:
             try:
@@ -110,6 +113,8 @@ def resync_forever(namespaces: list[str], stop: threading.Event) -> None:
                     reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
             except Exception:
                 log.exception("resync of namespace %s failed; retrying in %ss", namespace or "(all)", RESYNC_SECONDS)
+        HEALTH.beat("resync", max_age)
+    HEALTH.forget("resync")
 
 
 # How often the autoscaler looks for services due for a round; each service is

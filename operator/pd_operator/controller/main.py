@@ -40,12 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
-    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
+    if args.liveness_port:
+        # /healthz follows the operator's own loops (controller/health.py): 503
+        # when the autoscaler or the resync stops making progress.
+        from .health import HEALTH, serve
+
+        serve(HEALTH, args.bind, args.liveness_port)
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
-        liveness_endpoint=liveness,
     )
     return 0
 
