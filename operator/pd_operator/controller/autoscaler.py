@@ -16,6 +16,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from ..api import SpecError, validate_service
 from ..api.models import PDInferenceService, duration_seconds
@@ -118,6 +119,36 @@ class Queries:
                 del self.inflight[k]
 
 
+def _origin(url: str) -> tuple[str, str, int, str] | None:
+    """(scheme, host, port, path) of an http(s) URL; None when it has user info or is not http(s)."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return None
+    return parts.scheme, parts.hostname.lower().rstrip("."), port or (443 if parts.scheme == "https" else 80), parts.path
+
+
+def token_url_allowed(url: str, allowed: list[str] | tuple[str, ...]) -> bool:
+    """Whether a bearer token may be sent to ``url``: it has the scheme, host and
+    port of one of the administrator's ``allowed`` endpoints and a path under
+    that endpoint's path. Compared on parsed parts, never as strings
+    (``http://prom:9090@evil`` is host ``evil``)."""
+    target = _origin(url)
+    if target is None:
+        return False
+    for entry in allowed:
+        base = _origin(entry)
+        if base is None or base[:3] != target[:3]:
+            continue
+        prefix = base[3].rstrip("/")
+        if not prefix or target[3] == prefix or target[3].startswith(prefix + "/"):
+            return True
+    return False
+
+
 class PrometheusAuthError(Exception):
     """The bearer token Secret cannot be used; the message says how to fix it."""
 
@@ -137,8 +168,11 @@ class Autoscaler:
     round without a restart."""
 
     def __init__(self, kube: Kube, signals: SignalFn, event: EventFn, clock: Callable[[], float] = time.time,
-                 query_deadline: float = QUERY_DEADLINE_SECONDS):
+                 query_deadline: float = QUERY_DEADLINE_SECONDS, token_urls: list[str] | tuple[str, ...] = ()):
         self.kube, self.signals, self.event, self.clock = kube, signals, event, clock
+        # Prometheus endpoints the administrator lets receive a tenant's bearer
+        # token (operator flag --prometheus-token-url); none: no token is sent
+        self.token_urls = tuple(token_urls)
         self.queries = Queries(signals)
         self.query_deadline = query_deadline
         self.histories: dict[tuple[str, str], dict[str, History]] = {}
@@ -182,6 +216,15 @@ class Autoscaler:
         if ref is None:
             return Prometheus(spec.url)
         field_path = "spec.autoscaling.prometheus.bearerTokenSecretRef"
+        if not token_url_allowed(spec.url, self.token_urls):
+            # checked before the Secret is read: a spec cannot make the operator
+            # read a Secret and hand it to an endpoint of the spec's choosing
+            allowed = ", ".join(self.token_urls) or "none"
+            raise PrometheusAuthError(
+                f"spec.autoscaling.prometheus.url: {spec.url} may not receive the token of {field_path} "
+                f"(allowed endpoints: {allowed}); the token was not read or sent. Point the url at an allowed "
+                "endpoint, or ask the operator's administrator to add it to the chart value "
+                "autoscaling.prometheusTokenURLs (operator flag --prometheus-token-url)")
         try:
             token = self.kube.secret_value(namespace, ref.name, ref.key)
         except PermissionError:

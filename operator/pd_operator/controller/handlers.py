@@ -130,7 +130,8 @@ def start_resync(memo: kopf.Memo, **_) -> None:
     memo["resync_stop"] = stop
     namespaces = STATE.get("namespaces", [])
     threading.Thread(target=resync_forever, args=(namespaces, stop), name="resync", daemon=True).start()
-    autoscaler = Autoscaler(kube(), STATE.get("signals") or prometheus_signals(), post_event)
+    autoscaler = Autoscaler(kube(), STATE.get("signals") or prometheus_signals(), post_event,
+                            token_urls=STATE.get("token_urls", ()))
     threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),
                      name="autoscaler", daemon=True).start()
 
