@@ -95,7 +95,7 @@ def test_rdma_resource_ipc_lock_and_multus():
 
 def test_no_rdma_no_ipc_lock_no_ucx_forcing():
     c = engine_container(render(validate_service(minimal())), "prefill")
-    assert "securityContext" not in c
+    assert "add" not in c["securityContext"]["capabilities"]
     assert not [e for e in c["env"] if e["name"].startswith("UCX_")]
 
 
