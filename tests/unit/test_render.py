@@ -57,7 +57,7 @@ def test_complete_object_set():
             ("Service", "svc-prefill"), ("StatefulSet", "svc-prefill"), ("PodDisruptionBudget", "svc-prefill"),
             ("Service", "svc-decode"), ("StatefulSet", "svc-decode"), ("PodDisruptionBudget", "svc-decode"),
             ("ServiceAccount", "svc-router"), ("Role", "svc-router"), ("RoleBinding", "svc-router"),
-            ("Deployment", "svc-router"), ("Service", "svc-router"), ("NetworkPolicy", "svc-engines"),
+            ("Deployment", "svc-router"), ("Service", "svc-router"), ("NetworkPolicy", "svc-engines"), ("NetworkPolicy", "svc-router"),
         ]
     )
     for o in objs:

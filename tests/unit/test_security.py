@@ -136,3 +136,92 @@ def test_router_pods_meet_restricted():
     for o in render(validate_service(minimal())):
         if o["kind"] == "Deployment":
             assert pss_level(o["spec"]["template"]["spec"]) == "restricted"
+
+
+# --- NetworkPolicies, evaluated (the local cluster has no CNI) ---
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        have = e["key"] in labels
+        ok = {"In": have and labels.get(e["key"]) in e.get("values", []),
+              "NotIn": not have or labels[e["key"]] not in e.get("values", []),
+              "Exists": have, "DoesNotExist": not have}[e["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def reachable(policies: list[dict], src: dict, dst: dict, port: int) -> bool:
+    """NetworkPolicy ingress semantics: a pod no Ingress policy selects takes all
+    traffic; a selected pod takes what some rule of some selecting policy allows.
+    Pods: {"namespace", "labels", "nsLabels", "ports": {name: number}}."""
+    selecting = [p for p in policies if p["metadata"].get("namespace", "ns") == dst["namespace"]
+                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                 and _selects(p["spec"]["podSelector"], dst["labels"])]
+    if not selecting:
+        return True
+    for pol in selecting:
+        pol_ns = pol["metadata"].get("namespace", "ns")
+        for rule in pol["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(p["port"] == port or dst.get("ports", {}).get(p["port"]) == port for p in ports):
+                continue
+            peers = rule.get("from")
+            if not peers:
+                return True
+            for peer in peers:
+                if "namespaceSelector" in peer:
+                    ns_ok = _selects(peer["namespaceSelector"], src["nsLabels"])
+                else:
+                    ns_ok = src["namespace"] == pol_ns
+                pod_ok = _selects(peer.get("podSelector", {}), src["labels"])
+                if ns_ok and pod_ok:
+                    return True
+    return False
+
+
+def pod(namespace: str, **labels) -> dict:
+    return {"namespace": namespace, "labels": labels, "nsLabels": {"kubernetes.io/metadata.name": namespace}}
+
+
+def rendered(obj) -> tuple[list[dict], dict, dict, dict]:
+    objs = render(validate_service(obj))
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    tmpl = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"]
+            for o in objs if o["kind"] in ("StatefulSet", "Deployment")}
+    router = {"namespace": "ns", "labels": tmpl["svc-router"]}
+    decode = {"namespace": "ns", "labels": tmpl["svc-decode"]}
+    return policies, router, decode, {**pod("ns"), "labels": tmpl["svc-router"]}
+
+
+@pytest.mark.parametrize("kind, engine_port", [("vllm", 8000), ("sglang", 30000)])
+def test_the_router_and_the_engine_api_are_closed_to_other_namespaces(kind, engine_port):
+    policies, router, decode, router_src = rendered(minimal(kind, engine={"kind": kind}))
+    outsider = pod("team-b", app="curl")
+    assert not reachable(policies, outsider, router, 8000)            # another tenant: no router
+    assert reachable(policies, pod("ns", app="client"), router, 8000)  # the service's namespace: yes
+    assert not reachable(policies, outsider, decode, engine_port)       # nor the engine API
+    assert not reachable(policies, pod("ns", app="client"), decode, engine_port)  # engines: router only
+    assert reachable(policies, router_src, decode, engine_port)
+
+
+def test_prometheus_outside_the_monitoring_namespace_reaches_no_engine_api():
+    policies, router, decode, _ = rendered(minimal())
+    rogue = pod("team-b", **{"app.kubernetes.io/name": "prometheus"})  # a tenant labels its own pod
+    scraper = pod("monitoring", **{"app.kubernetes.io/name": "prometheus"})
+    assert not reachable(policies, rogue, decode, 8000)
+    assert reachable(policies, scraper, decode, 8000)
+    assert reachable(policies, scraper, router, 29000) and not reachable(policies, scraper, router, 8000)
+
+
+def test_clients_named_in_the_spec_reach_the_router_and_no_one_else():
+    gateway = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
+               "podSelector": {"matchLabels": {"app": "envoy"}}}
+    policies, router, _, _ = rendered(minimal(networkPolicy={"clientsFrom": [gateway]}))
+    assert reachable(policies, pod("gateway", app="envoy"), router, 8000)
+    assert not reachable(policies, pod("ns", app="client"), router, 8000)
+    assert not reachable(policies, pod("gateway", app="other"), router, 8000)
