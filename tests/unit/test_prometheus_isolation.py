@@ -174,3 +174,30 @@ def test_healthz_turns_503_when_the_autoscaler_loop_stops_progressing():
     finally:
         stop.set()
         server.shutdown()
+
+
+def test_a_deleted_service_leaves_no_series_and_no_loop_state():
+    """Issue 19, item 8: per-service state goes with the service."""
+    from prometheus_client import REGISTRY
+
+    from pd_operator.controller import handlers, metrics
+
+    kube = Kube()
+    scaler = Autoscaler(kube, lambda *a, **k: {}, lambda *a: None)
+    handlers.STATE["autoscaler"] = scaler
+    try:
+        for i in range(50):
+            metrics.READY.labels("ns", f"svc{i}").set(1)
+            scaler.run_once([body("ns", "http://127.0.0.1:1")], force=True)  # no token: state is kept
+            scaler.histories[("ns", f"svc{i}")] = {}
+            scaler.last_round[("ns", f"svc{i}")] = 1.0
+        for i in range(50):
+            handlers.forget_service("ns", f"svc{i}")
+        series = [s for m in REGISTRY.collect() if m.name == "pd_operator_service_ready" for s in m.samples
+                  if s.labels.get("namespace") == "ns" and s.labels["name"].startswith("svc") and s.labels["name"] != "svc"]
+        assert series == []
+        assert not [k for k in scaler.histories if k[1] != "svc"] and not [k for k in scaler.last_round if k[1] != "svc"]
+        handlers.forget_service("ns", "svc")
+        assert scaler.histories == {} and scaler.last_round == {} and scaler.last_scale == {}
+    finally:
+        handlers.STATE.pop("autoscaler", None)

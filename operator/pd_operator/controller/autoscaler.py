@@ -181,6 +181,13 @@ class Autoscaler:
         # applied every round (an apply that omits a field gives it up)
         self.last_scale: dict[tuple[str, str, str], tuple[str, str]] = {}
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what the loop keeps of a deleted service."""
+        self.histories.pop((namespace, name), None)
+        self.last_round.pop((namespace, name), None)
+        for role in ("prefill", "decode"):
+            self.last_scale.pop((namespace, name, role), None)
+
     def pool_state(self, namespace: str, svc: PDInferenceService, role: str) -> tuple[PoolState, dict] | None:
         """The pool's state and its StatefulSet."""
         sts = self.kube.get("StatefulSet", namespace, child_name(svc, role))

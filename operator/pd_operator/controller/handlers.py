@@ -101,6 +101,25 @@ def on_service(namespace: str, name: str, **_) -> None:
     reconcile_service(namespace, name)
 
 
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def on_service_deleted(namespace: str, name: str, **_) -> None:
+    """Forget a deleted service: its metric series and the loops' memory of it
+    (optional: no finalizer, best effort; a missed deletion leaves one series)."""
+    forget_service(namespace, name)
+
+
+def forget_service(namespace: str, name: str) -> None:
+    from . import metrics
+
+    metrics.forget_service(namespace, name)
+    if STATE.get("autoscaler") is not None:
+        STATE["autoscaler"].forget(namespace, name)
+    with _guard:
+        run = _runs.get((namespace, name))
+        if run is not None and not run["running"]:
+            del _runs[(namespace, name)]
+
+
 def resync_forever(namespaces: list[str], stop: threading.Event) -> None:
     """Reconcile every service in scope every RESYNC_SECONDS until stopped."""
     log = logging.getLogger(__name__)
@@ -132,6 +151,7 @@ def start_resync(memo: kopf.Memo, **_) -> None:
     threading.Thread(target=resync_forever, args=(namespaces, stop), name="resync", daemon=True).start()
     autoscaler = Autoscaler(kube(), STATE.get("signals") or prometheus_signals(), post_event,
                             token_urls=STATE.get("token_urls", ()))
+    STATE["autoscaler"] = autoscaler
     threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),
                      name="autoscaler", daemon=True).start()
 
