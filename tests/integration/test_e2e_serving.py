@@ -307,8 +307,8 @@ def test_decode_scale_up_is_discovered(stack, namespace, custom_objects, core_v1
 ])
 def test_engine_api_key_from_the_secret(example, stack, namespace, custom_objects, core_v1):
     """engine.apiKeySecretRef: the engines get the key from the Secret (secretKeyRef, resolved
-    by the harness as the kubelet would), the router as ``--api-key $(ROUTER_WORKER_API_KEY)``
-    expanded from the same Secret; the engine alone refuses a request without the key, a client
+    by the harness as the kubelet would), the router as ``--api-key`` appended inside the
+    process from ROUTER_WORKER_API_KEY (render/launch.py), never in its command line; the engine alone refuses a request without the key, a client
     through the router is served (sglang-router: only with the key, it checks clients too)."""
     spec, key = ENGINES[example], "e2e-engine-key-123"
     core_v1.create_namespaced_secret(namespace, {"metadata": {"name": "engine-key"}, "stringData": {"api-key": key}})
@@ -320,7 +320,8 @@ def test_engine_api_key_from_the_secret(example, stack, namespace, custom_object
     (dec,) = stack.wait_serving("decode", 1)
     (router,) = stack.wait_serving("router", 1, timeout=60)
     wait_for(lambda: decode_workers(router.url, key) == [dec.url], 45, "router discovered the decode worker")
-    assert key in dec.env.values() and key in router.argv  # resolved from the Secret / expanded $(VAR)
+    assert key in dec.env.values() and key in router.env.values()  # resolved from the Secret
+    assert key not in " ".join(router.argv)  # the launcher keeps it out of the process list
     with pytest.raises(urllib.error.HTTPError) as refused:
         stream_chat(dec.url, SERVED, "hello", 1)
     assert refused.value.code == 401

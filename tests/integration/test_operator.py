@@ -172,7 +172,7 @@ EXPECTED = {
     ("Service", "{n}-prefill"), ("StatefulSet", "{n}-prefill"), ("PodDisruptionBudget", "{n}-prefill"),
     ("Service", "{n}-decode"), ("StatefulSet", "{n}-decode"), ("PodDisruptionBudget", "{n}-decode"),
     ("ServiceAccount", "{n}-router"), ("Role", "{n}-router"), ("RoleBinding", "{n}-router"),
-    ("Deployment", "{n}-router"), ("Service", "{n}-router"), ("NetworkPolicy", "{n}-engines"),
+    ("Deployment", "{n}-router"), ("Service", "{n}-router"), ("NetworkPolicy", "{n}-engines"), ("NetworkPolicy", "{n}-router"),
 }
 
 

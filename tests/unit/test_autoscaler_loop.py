@@ -46,8 +46,11 @@ class FakeKube:
             raise LookupError(f"Secret {namespace}/{name} not found") from None
 
 
-def body(interval: str = "30s", token_ref: dict | None = None) -> dict:
-    prom = {"url": "http://prometheus.monitoring:9090"}
+PROM_URL = "http://prometheus.monitoring:9090"
+
+
+def body(interval: str = "30s", token_ref: dict | None = None, url: str = PROM_URL) -> dict:
+    prom = {"url": url}
     if token_ref:
         prom["bearerTokenSecretRef"] = token_ref
     auto = {"enabled": True, "minReplicas": 1, "maxReplicas": 4}
@@ -100,7 +103,7 @@ def test_bearer_token_is_read_from_the_secret_and_used():
     token = "s3cr3t-token"
     kube = FakeKube({"prom-auth": {"token": base64.b64encode(f"{token}\n".encode()).decode()}})
     signals = Signals()
-    scaler = Autoscaler(kube, signals, lambda *a: None, clock=lambda: 1000.0)
+    scaler = Autoscaler(kube, signals, lambda *a: None, clock=lambda: 1000.0, token_urls=[PROM_URL])
     scaler.run_once([body(token_ref={"name": "prom-auth", "key": "token"})])
     prom = signals.calls[0][0]
     assert prom == Prometheus("http://prometheus.monitoring:9090", token)
@@ -115,7 +118,7 @@ def test_bearer_token_is_read_from_the_secret_and_used():
 ])
 def test_unreadable_token_holds_and_names_the_field_and_the_fix(forbidden, secrets, expect):
     kube, signals = FakeKube(secrets, forbidden=forbidden), Signals()
-    scaler = Autoscaler(kube, signals, lambda *a: None, clock=lambda: 1000.0)
+    scaler = Autoscaler(kube, signals, lambda *a: None, clock=lambda: 1000.0, token_urls=[PROM_URL])
     scaler.run_once([body(token_ref={"name": "prom-auth", "key": "token"})])
     assert signals.calls == []  # no unauthenticated query either
     assert kube.replicas == {"svc-prefill": 1, "svc-decode": 1}
@@ -139,7 +142,7 @@ def test_secondary_signals_are_queried_only_when_asked_for_and_drive_the_decisio
     scaler = Autoscaler(kube, signals, lambda *a: None, clock=lambda: now[0])
     plain = body()
     scaler.run_once([plain])
-    assert seen == [("decode", frozenset()), ("prefill", frozenset())]
+    assert sorted(seen) == [("decode", frozenset()), ("prefill", frozenset())]
     assert kube.replicas == {"svc-prefill": 1, "svc-decode": 1}
 
     seen.clear()
@@ -166,3 +169,34 @@ def test_scale_up_stops_at_the_free_gpus_and_books_them_for_the_next_pool():
     # would take 2, so one gets 1 extra); the other is told why
     assert kube.replicas["svc-prefill"] + kube.replicas["svc-decode"] == 2 + 2
     assert "the free GPUs fit" in conditions(kube)["AutoscalingActive"]["message"]
+
+
+@pytest.mark.parametrize("url, allowed", [
+    ("http://attacker.example:9090", []),                                    # nothing allowed: never sent
+    ("http://attacker.example:9090", [PROM_URL]),                             # another host
+    ("https://prometheus.monitoring:9090", [PROM_URL]),                       # another scheme
+    ("http://prometheus.monitoring:9091", [PROM_URL]),                        # another port
+    ("http://prometheus.monitoring:9090@attacker.example", [PROM_URL]),       # user info: the host is attacker
+    ("http://prometheus.monitoring:9090/other", [PROM_URL + "/thanos"]),      # outside the allowed path
+])
+def test_a_token_never_reaches_a_url_the_administrator_did_not_allow(url, allowed):
+    kube = FakeKube({"prom-auth": {"token": base64.b64encode(b"tenant-secret").decode()}})
+    read: list = []
+    secret_value = kube.secret_value
+    kube.secret_value = lambda *a: read.append(a) or secret_value(*a)
+    signals = Signals()
+    scaler = Autoscaler(kube, signals, lambda *a: None, clock=lambda: 1000.0, token_urls=allowed)
+    scaler.run_once([body(token_ref={"name": "prom-auth", "key": "token"}, url=url)])
+    assert signals.calls == [] and read == []  # the Secret is not even read
+    cond = conditions(kube)["AutoscalingActive"]
+    assert cond["reason"] == "PrometheusAuth" and "spec.autoscaling.prometheus.url" in cond["message"]
+    assert "autoscaling.prometheusTokenURLs" in cond["message"]
+
+
+def test_an_allowed_endpoint_with_a_path_prefix_receives_the_token():
+    kube = FakeKube({"prom-auth": {"token": base64.b64encode(b"tok").decode()}})
+    signals = Signals()
+    scaler = Autoscaler(kube, signals, lambda *a: None, clock=lambda: 1000.0,
+                        token_urls=["HTTP://Prometheus.Monitoring:9090/thanos/"])
+    scaler.run_once([body(token_ref={"name": "prom-auth", "key": "token"}, url=PROM_URL + "/thanos/q")])
+    assert {c[0].token for c in signals.calls} == {"tok"}

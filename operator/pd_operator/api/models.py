@@ -770,20 +770,35 @@ class NetworkPeer(Base):
     pod_selector: Optional[LabelSelector] = Field(None, description="The pods; unset means all pods of the selected namespaces.")
 
 
+# Scrapers reach the engines' API port (it serves /metrics too): by default only
+# Prometheus pods of the namespace named monitoring, not of any namespace.
+METRICS_NAMESPACE = "monitoring"
+
+
 def _default_metrics_peers() -> list:
-    return [NetworkPeer(namespace_selector=LabelSelector(), pod_selector=LabelSelector(match_labels={"app.kubernetes.io/name": "prometheus"}))]
+    return [NetworkPeer(namespace_selector=LabelSelector(match_labels={"kubernetes.io/metadata.name": METRICS_NAMESPACE}),
+                        pod_selector=LabelSelector(match_labels={"app.kubernetes.io/name": "prometheus"}))]
 
 
 class NetworkPolicySpec(Base):
     """Who may reach the engine pods."""
 
-    enabled: bool = Field(True, description="Render a NetworkPolicy: engine ports open only to the router, the peer pool and metricsFrom.")
+    enabled: bool = Field(True, description="Render NetworkPolicies: engine ports open only to the router, the peer pool and metricsFrom; the router's API port only to clientsFrom, its metrics port to metricsFrom.")
     metrics_from: list[NetworkPeer] = Field(
         default_factory=_default_metrics_peers,
         max_length=16,
-        description="Who may scrape the engines' /metrics (served on the API port). Default: pods labelled "
-        "app.kubernetes.io/name=prometheus in any namespace.",
-        json_schema_extra={"default": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
+        description="Who may scrape the engines' /metrics (served on the API port, so a scraper can also reach "
+        "the engine API) and the router's metrics port. Default: pods labelled app.kubernetes.io/name=prometheus "
+        "in the namespace monitoring.",
+        json_schema_extra={"default": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": METRICS_NAMESPACE}},
+                                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
+    )
+    clients_from: list[NetworkPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Who may call the router (its API port). Empty (default): every pod of the service's own "
+        "namespace, nothing else: traffic from other namespaces and from outside the cluster (LoadBalancer, "
+        "NodePort) is dropped; name an ingress gateway's pods here to let it in.",
     )
 
 

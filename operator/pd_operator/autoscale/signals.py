@@ -9,18 +9,32 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from .promql import Observation, by_service, observations, pool_queries
 
 
+# A Prometheus that accepts a connection and never answers must not hold the
+# autoscaler: every request has a connect and a read timeout (requests' own,
+# seconds; the read timeout bounds each wait for bytes from the server).
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 15.0
+
+
 class PrometheusSignals:
-    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0,
+                 connect_timeout: float | None = None, read_timeout: float | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        self.prom = PrometheusConnect(url=url, headers=headers, disable_ssl=False)
-        self.timeout = timeout
+        # No retry after a read timeout (the client's default retries would
+        # multiply the wait); one retry of a refused connection or a 502-504.
+        retry = Retry(total=1, read=0, backoff_factor=0.2, status_forcelist=(502, 503, 504))
+        self.prom = PrometheusConnect(url=url, headers=headers, disable_ssl=False, retry=retry)
+        self.timeout = timeout  # the query's own evaluation timeout, enforced by Prometheus
+        self.http_timeout = (CONNECT_TIMEOUT_S if connect_timeout is None else connect_timeout,
+                             READ_TIMEOUT_S if read_timeout is None else read_timeout)
 
     def _query(self, promql: str) -> list[dict]:
-        return self.prom.custom_query(query=promql, params={"timeout": f"{self.timeout:g}s"})
+        return self.prom.custom_query(query=promql, params={"timeout": f"{self.timeout:g}s"}, timeout=self.http_timeout)
 
     def pool(self, engine: str, role: str, quantile: float, window: str = "1m",
              secondaries: Iterable[str] = ()) -> dict[tuple[str, str], Observation]:

@@ -10,10 +10,13 @@ the status.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from ..api import SpecError, validate_service
 from ..api.models import PDInferenceService, duration_seconds
@@ -22,6 +25,8 @@ from ..autoscale.decide import History, PoolState
 from ..autoscale.plan import PoolInput, plan_service
 from ..autoscale.promql import Observation
 from ..render.common import child_name, selector_labels
+from .health import HEALTH, Health
+from .loop import every
 from .kube import AUTOSCALER_MANAGER, Kube
 from .reconcile import LOCKS, EventFn, now_rfc3339
 from .status import merge_conditions, pool_status
@@ -74,6 +79,77 @@ class PoolRoom:
         fit.take(self.view.free_gpus(self.resource), self.view.nodes, self.templates[role], self.resource, count)
 
 
+# How long a round waits for a Prometheus before the services reading from it
+# hold (their queries keep running on their own threads, bounded by the
+# client's connect and read timeouts in autoscale/signals.py).
+QUERY_DEADLINE_SECONDS = float(os.environ.get("PD_OPERATOR_QUERY_DEADLINE_SECONDS", "20"))
+
+
+class Queries:
+    """Signal queries, each on its own daemon thread, at most one in flight per
+    (Prometheus, engine, role, quantile, secondaries): a Prometheus that never
+    answers holds one thread per query it was asked, not the loop, and is not
+    asked again until that query returns or times out."""
+
+    def __init__(self, signals: SignalFn):
+        self.signals = signals
+        self.inflight: dict[tuple, Future] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, key: tuple, secondaries: frozenset[str]) -> Future:
+        with self._lock:
+            running = self.inflight.get((key, secondaries))
+            if running is not None and not running.done():
+                return running
+            future: Future = Future()
+            self.inflight[(key, secondaries)] = future
+
+        def run() -> None:
+            try:
+                future.set_result(self.signals(*key, secondaries=secondaries))
+            except BaseException as err:  # noqa: BLE001 - handed to the round that reads it
+                future.set_exception(err)
+
+        threading.Thread(target=run, name=f"prometheus-query {key[0].url}", daemon=True).start()
+        return future
+
+    def prune(self) -> None:
+        """Forget finished queries (services deleted, tokens rotated)."""
+        with self._lock:
+            for k in [k for k, f in self.inflight.items() if f.done()]:
+                del self.inflight[k]
+
+
+def _origin(url: str) -> tuple[str, str, int, str] | None:
+    """(scheme, host, port, path) of an http(s) URL; None when it has user info or is not http(s)."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return None
+    return parts.scheme, parts.hostname.lower().rstrip("."), port or (443 if parts.scheme == "https" else 80), parts.path
+
+
+def token_url_allowed(url: str, allowed: list[str] | tuple[str, ...]) -> bool:
+    """Whether a bearer token may be sent to ``url``: it has the scheme, host and
+    port of one of the administrator's ``allowed`` endpoints and a path under
+    that endpoint's path. Compared on parsed parts, never as strings
+    (``http://prom:9090@evil`` is host ``evil``)."""
+    target = _origin(url)
+    if target is None:
+        return False
+    for entry in allowed:
+        base = _origin(entry)
+        if base is None or base[:3] != target[:3]:
+            continue
+        prefix = base[3].rstrip("/")
+        if not prefix or target[3] == prefix or target[3].startswith(prefix + "/"):
+            return True
+    return False
+
+
 class PrometheusAuthError(Exception):
     """The bearer token Secret cannot be used; the message says how to fix it."""
 
@@ -92,13 +168,26 @@ class Autoscaler:
     so an edit of the interval, like any policy edit, takes effect at the next
     round without a restart."""
 
-    def __init__(self, kube: Kube, signals: SignalFn, event: EventFn, clock: Callable[[], float] = time.time):
+    def __init__(self, kube: Kube, signals: SignalFn, event: EventFn, clock: Callable[[], float] = time.time,
+                 query_deadline: float = QUERY_DEADLINE_SECONDS, token_urls: list[str] | tuple[str, ...] = ()):
         self.kube, self.signals, self.event, self.clock = kube, signals, event, clock
+        # Prometheus endpoints the administrator lets receive a tenant's bearer
+        # token (operator flag --prometheus-token-url); none: no token is sent
+        self.token_urls = tuple(token_urls)
+        self.queries = Queries(signals)
+        self.query_deadline = query_deadline
         self.histories: dict[tuple[str, str], dict[str, History]] = {}
         self.last_round: dict[tuple[str, str], float] = {}
         self.warned_rbac = False
         # applied every round (an apply that omits a field gives it up)
         self.last_scale: dict[tuple[str, str, str], tuple[str, str]] = {}
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what the loop keeps of a deleted service."""
+        self.histories.pop((namespace, name), None)
+        self.last_round.pop((namespace, name), None)
+        for role in ("prefill", "decode"):
+            self.last_scale.pop((namespace, name, role), None)
 
     def pool_state(self, namespace: str, svc: PDInferenceService, role: str) -> tuple[PoolState, dict] | None:
         """The pool's state and its StatefulSet."""
@@ -135,6 +224,15 @@ class Autoscaler:
         if ref is None:
             return Prometheus(spec.url)
         field_path = "spec.autoscaling.prometheus.bearerTokenSecretRef"
+        if not token_url_allowed(spec.url, self.token_urls):
+            # checked before the Secret is read: a spec cannot make the operator
+            # read a Secret and hand it to an endpoint of the spec's choosing
+            allowed = ", ".join(self.token_urls) or "none"
+            raise PrometheusAuthError(
+                f"spec.autoscaling.prometheus.url: {spec.url} may not receive the token of {field_path} "
+                f"(allowed endpoints: {allowed}); the token was not read or sent. Point the url at an allowed "
+                "endpoint, or ask the operator's administrator to add it to the chart value "
+                "autoscaling.prometheusTokenURLs (operator flag --prometheus-token-url)")
         try:
             token = self.kube.secret_value(namespace, ref.name, ref.key)
         except PermissionError:
@@ -174,25 +272,53 @@ class Autoscaler:
         # one query per (prometheus, engine, role, quantile) and signal for all
         # services; a secondary signal only when some service asks for it
         wanted: dict[tuple, frozenset[str]] = {}
+        needs: list[set[tuple]] = []
         for _, svc, prom, _ in services:
+            keys = set()
             for role in ("prefill", "decode"):
                 pool = svc.spec.pool(role)
                 if prom and pool.autoscaling.enabled:
                     key = (prom, svc.spec.engine.kind, role, pool.autoscaling.target.quantile)
                     wanted[key] = wanted.get(key, frozenset()) | pool.autoscaling.secondary_metrics()
-        results: dict[tuple, dict | None] = {}
-        for key in sorted(wanted, key=lambda k: (k[0].url, k[0].token or "", *k[1:])):
-            try:
-                results[key] = self.signals(*key, secondaries=wanted[key])
-            except Exception as err:  # Prometheus down: every pool that needs it holds
-                log.warning("Prometheus query %s %s failed: %s", key[0], key[1:], err)
-                results[key] = None
+                    keys.add(key)
+            needs.append(keys)
+        # Each query runs on its own thread; a service is decided as soon as its
+        # own queries are answered, so a slow or hanging Prometheus delays only
+        # the services that read from it, and those hold once the deadline passes.
+        futures = {key: self.queries.submit(key, wanted[key]) for key in wanted}
         gpus = self.gpu_view() if services else None
-        for body, svc, prom, auth_error in services:
-            namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-            self.last_round[(namespace, name)] = now
-            with LOCKS.get(namespace, name):
-                self._service(body, svc, namespace, name, prom, auth_error, results, now, gpus)
+        deadline = time.monotonic() + self.query_deadline
+        pending = list(range(len(services)))
+        results: dict[tuple, dict | None] = {}
+        while pending:
+            ready = [i for i in pending if all(futures[k].done() for k in needs[i])]
+            if not ready and time.monotonic() >= deadline:
+                ready = pending  # the rest hold: their Prometheus did not answer in time
+            for i in ready:
+                (body, svc, prom, auth_error), keys = services[i], needs[i]
+                for key in keys:
+                    if key not in results:
+                        results[key] = self._result(key, futures[key])
+                namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+                self.last_round[(namespace, name)] = now
+                with LOCKS.get(namespace, name):
+                    self._service(body, svc, namespace, name, prom, auth_error, results, now, gpus)
+            pending = [i for i in pending if i not in ready]
+            waiting = [futures[k] for i in pending for k in needs[i] if not futures[k].done()]
+            if waiting:
+                wait(waiting, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+        self.queries.prune()
+
+    def _result(self, key: tuple, future: Future) -> dict | None:
+        """A query's answer; None (every pool that needs it holds) when it failed or is still running."""
+        if not future.done():
+            log.warning("Prometheus query %s %s did not answer within %gs", key[0], key[1:], self.query_deadline)
+            return None
+        err = future.exception()
+        if err is not None:  # Prometheus down: every pool that needs it holds
+            log.warning("Prometheus query %s %s failed: %s", key[0], key[1:], err)
+            return None
+        return future.result()
 
     def _service(self, body, svc: PDInferenceService, namespace: str, name: str, prom: Prometheus | None,
                  auth_error: str | None, results: dict, now: float, gpus: GPUView | None = None) -> None:
@@ -278,3 +404,16 @@ def prometheus_signals() -> SignalFn:
         return clients[prom].pool(engine, role, quantile, secondaries=sorted(secondaries))
 
     return fetch
+
+
+def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop: threading.Event, tick: float = 5.0,
+                health: Health = HEALTH, max_age: float | None = None) -> None:
+    """Every ``tick`` seconds, decide the services whose interval has passed.
+
+    Liveness (controller/health.py) follows this loop: a turn that takes far
+    longer than its query deadline (a hung call to the API server) turns
+    ``/healthz`` to 503."""
+    if max_age is None:
+        max_age = 3 * (tick + autoscaler.query_deadline) + 60
+    every(tick, stop, namespaces, lambda ns: autoscaler.run_once(kube.list_services(ns)), "autoscaler",
+          health=health, max_age=max_age)

@@ -22,6 +22,7 @@ import time
 import kopf
 
 from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
+from .health import HEALTH
 from .kube import FIELD_MANAGER, Kube
 from .loop import every
 from .reconcile import reconcile
@@ -101,6 +102,25 @@ def on_service(namespace: str, name: str, **_) -> None:
     reconcile_service(namespace, name)
 
 
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def on_service_deleted(namespace: str, name: str, **_) -> None:
+    """Forget a deleted service: its metric series and the loops' memory of it
+    (optional: no finalizer, best effort; a missed deletion leaves one series)."""
+    forget_service(namespace, name)
+
+
+def forget_service(namespace: str, name: str) -> None:
+    from . import metrics
+
+    metrics.forget_service(namespace, name)
+    if STATE.get("autoscaler") is not None:
+        STATE["autoscaler"].forget(namespace, name)
+    with _guard:
+        run = _runs.get((namespace, name))
+        if run is not None and not run["running"]:
+            del _runs[(namespace, name)]
+
+
 def resync(namespace: str | None) -> None:
     """Reconcile every service in ``namespace`` (None: all in scope)."""
     for body in kube().list_services(namespace):
@@ -114,19 +134,17 @@ AUTOSCALE_TICK_SECONDS = float(os.environ.get("PD_OPERATOR_AUTOSCALE_TICK_SECOND
 
 @kopf.on.startup()
 def start_resync(memo: kopf.Memo, **_) -> None:
-    from .autoscaler import Autoscaler, prometheus_signals
+    from .autoscaler import Autoscaler, prometheus_signals, run_forever
 
     stop = threading.Event()
     memo["resync_stop"] = stop
     namespaces = STATE.get("namespaces", [])
     threading.Thread(target=every, args=(RESYNC_SECONDS, stop, namespaces, resync, "resync"),
+                     kwargs={"health": HEALTH, "max_age": 3 * RESYNC_SECONDS + 600},  # a round reconciles every service
                      name="resync", daemon=True).start()
-    autoscaler = Autoscaler(kube(), prometheus_signals(), post_event)
-
-    def autoscale(namespace: str | None) -> None:
-        autoscaler.run_once(kube().list_services(namespace))
-
-    threading.Thread(target=every, args=(AUTOSCALE_TICK_SECONDS, stop, namespaces, autoscale, "autoscaling round"),
+    autoscaler = Autoscaler(kube(), prometheus_signals(), post_event, token_urls=STATE.get("token_urls", ()))
+    STATE["autoscaler"] = autoscaler
+    threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),
                      name="autoscaler", daemon=True).start()
 
 

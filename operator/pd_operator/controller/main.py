@@ -19,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness-port", type=int, default=8080, help="port of the liveness endpoint /healthz (0: off)")
     p.add_argument("--metrics-port", type=int, default=9090, help="port of the Prometheus metrics endpoint (0: off)")
     p.add_argument("--bind", default="0.0.0.0", help="address the liveness and metrics endpoints bind")
+    p.add_argument("--prometheus-token-url", action="append", default=[], metavar="URL",
+                   help="a Prometheus endpoint that may receive the bearer token of a service's "
+                        "spec.autoscaling.prometheus.bearerTokenSecretRef (repeatable; scheme, host, port and a path "
+                        "prefix must match). None given: no token is ever read or sent")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -35,17 +39,22 @@ def main(argv: list[str] | None = None) -> int:
     from . import handlers  # registers the handlers
 
     handlers.STATE["namespaces"] = list(args.namespace)
+    handlers.STATE["token_urls"] = list(args.prometheus_token_url)
     if not args.verbose:
         # kopf logs every handler run at INFO; child events make that a flood.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
-    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
+    if args.liveness_port:
+        # /healthz follows the operator's own loops (controller/health.py): 503
+        # when the autoscaler or the resync stops making progress.
+        from .health import HEALTH, serve
+
+        serve(HEALTH, args.bind, args.liveness_port)
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
-        liveness_endpoint=liveness,
     )
     return 0
 

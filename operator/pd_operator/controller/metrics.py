@@ -13,3 +13,11 @@ DURATION = Histogram(
 APPLIED = Counter("pd_operator_objects_applied_total", "Child objects server-side applied, by kind", ["kind"])
 PRUNED = Counter("pd_operator_objects_pruned_total", "Child objects deleted because the spec no longer renders them", ["kind"])
 READY = Gauge("pd_operator_service_ready", "1 when a PDInferenceService is Ready", ["namespace", "name"])
+
+
+def forget_service(namespace: str, name: str) -> None:
+    """Drop a deleted service's series (one per service would otherwise grow forever)."""
+    try:
+        READY.remove(namespace, name)
+    except KeyError:
+        pass

@@ -9,9 +9,9 @@ import copy
 from ..api.models import PDInferenceService
 from .common import child_name, metadata
 from .engines import engine_for
-from .network import network_policy, pod_disruption_budget
+from .network import network_policy, pod_disruption_budget, router_network_policy
 from .pools import config_map_name, headless_service, statefulset
-from .routers import deployment, endpoint, rbac, router_for, service
+from .routers import ROUTER_METRICS_PORT, ROUTER_PORT, deployment, endpoint, rbac, router_for, service
 
 __all__ = ["render", "endpoint"]
 
@@ -46,6 +46,7 @@ def render(svc: PDInferenceService, owner: dict | None = None, current_replicas:
         objs.append(pod_disruption_budget(svc, "router"))
     if svc.spec.network_policy.enabled:
         objs.append(network_policy(svc, engine))
+        objs.append(router_network_policy(svc, ROUTER_PORT, ROUTER_METRICS_PORT))
     if owner:
         ref = {**owner, "controller": True, "blockOwnerDeletion": True}
         for obj in objs:

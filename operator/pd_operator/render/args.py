@@ -39,6 +39,13 @@ def check_user_args(
     for path, args in sources:
         owned = []
         for i, arg in enumerate(args):
+            if "$(" in arg:
+                # the kubelet expands $(VAR) in args from the container's env: a
+                # Secret-backed variable would land in the process list
+                owned.append((f"{path}[{i}]", "$( is refused: the kubelet replaces $(VAR) with the variable's value "
+                              "in the command line, where every process on the node can read it (Secrets included); "
+                              "write the value itself, or set it through an environment variable the program reads"))
+                continue
             flag = arg.split("=", 1)[0]
             if not flag.startswith("-"):
                 continue

@@ -20,16 +20,7 @@ def network_policy(svc: PDInferenceService, engine: EngineAdapter) -> dict:
     }
     ports = {p["containerPort"] for role in ("prefill", "decode") for p in engine.ports(role) if p["name"] in ("http", "bootstrap")}
     router_ports = [{"protocol": "TCP", "port": p} for p in sorted(ports)]
-    scrapers = []
-    for peer in svc.spec.network_policy.metrics_from:
-        item = {}
-        # Empty selectors are written as {} (as the API server stores them), or
-        # every apply would look like a change.
-        if peer.namespace_selector is not None:
-            item["namespaceSelector"] = {k: v for k, v in peer.namespace_selector.dump().items() if v}
-        if peer.pod_selector is not None:
-            item["podSelector"] = {k: v for k, v in peer.pod_selector.dump().items() if v}
-        scrapers.append(item)
+    scrapers = _peers(svc.spec.network_policy.metrics_from)
     ingress = [
         {"from": [{"podSelector": {"matchLabels": selector_labels(svc, "router")}}], "ports": router_ports},
         {"from": [{"podSelector": engines}]},
@@ -41,6 +32,40 @@ def network_policy(svc: PDInferenceService, engine: EngineAdapter) -> dict:
         "kind": "NetworkPolicy",
         "metadata": metadata(svc, child_name(svc, "engines"), "engines"),
         "spec": {"podSelector": engines, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def _peers(peers) -> list[dict]:
+    out = []
+    for peer in peers:
+        item = {}
+        # Empty selectors are written as {} (as the API server stores them), or
+        # every apply would look like a change.
+        if peer.namespace_selector is not None:
+            item["namespaceSelector"] = {k: v for k, v in peer.namespace_selector.dump().items() if v}
+        if peer.pod_selector is not None:
+            item["podSelector"] = {k: v for k, v in peer.pod_selector.dump().items() if v}
+        out.append(item)
+    return out
+
+
+def router_network_policy(svc: PDInferenceService, api_port: int, metrics_port: int) -> dict:
+    """The router's API port only to ``clientsFrom`` (default: the pods of the
+    service's own namespace), its metrics port only to ``metricsFrom``.
+    vllm-router authenticates no client (tests/contract/FACTS.md), so this
+    policy is what keeps other tenants off the model."""
+    spec = svc.spec.network_policy
+    clients = _peers(spec.clients_from) or [{"podSelector": {}}]
+    ingress = [{"from": clients, "ports": [{"protocol": "TCP", "port": api_port}]}]
+    scrapers = _peers(spec.metrics_from)
+    if scrapers:
+        ingress.append({"from": scrapers, "ports": [{"protocol": "TCP", "port": metrics_port}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(svc, child_name(svc, "router"), "router"),
+        "spec": {"podSelector": {"matchLabels": selector_labels(svc, "router")}, "policyTypes": ["Ingress"],
+                 "ingress": ingress},
     }
 
 

@@ -149,6 +149,20 @@ def config_map_name(svc: PDInferenceService) -> str:
     return child_name(svc, "config")
 
 
+def engine_security_context(rdma: bool) -> dict:
+    """What the engines tolerate (tests/contract/FACTS.md, "Engine pod security"):
+    no privilege escalation and no capability but IPC_LOCK, which RDMA
+    memory registration needs (pinned memory beyond RLIMIT_MEMLOCK). The
+    engine images run as root and write caches under the home directory, so
+    neither runAsNonRoot nor a read-only root filesystem is set: Pod Security
+    "baseline" without RDMA, "privileged" with it (IPC_LOCK is outside
+    baseline's capability list)."""
+    caps: dict = {"drop": ["ALL"]}
+    if rdma:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+
+
 def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict:
     return {
         "httpGet": {"path": path, "port": "http"},
@@ -198,14 +212,16 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
         # sees the pod go unready/terminating and stops sending it requests
         # while in-flight ones finish within terminationGracePeriodSeconds.
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": pool.drain_seconds}}}
-    if engine.rdma_enabled():
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    container["securityContext"] = engine_security_context(engine.rdma_enabled())
 
     pod_spec: dict = {
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
         "enableServiceLinks": False,
+        # the engines never call the Kubernetes API: no token in the pod
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
     affinity = _affinity(svc, role)
     if affinity:

@@ -7,7 +7,8 @@ so scaling a pool needs no router restart. They read a prefill pod's
 bootstrap port from a pod annotation (``vllm.ai/bootstrap-port`` /
 ``sglang.ai/bootstrap-port``). Their ``--api-key`` is the key the router
 presents to the workers: it is the engine key, from the same Secret, so the
-two auth layers cannot disagree.
+two auth layers cannot disagree; it reaches the router through its
+environment and the launcher of render/launch.py, never its command line.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..api.constants import ROUTER_VERSIONS
 from ..api.models import PDInferenceService
 from .common import child_name, metadata, secret_env, selector_labels
 from .engines import EngineAdapter
+from .launch import with_secret_flag
 
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 29000
@@ -60,12 +62,14 @@ class RouterAdapter(ABC):
         argv += ["--prefill-policy", spec.router.prefill_policy, "--decode-policy", spec.router.decode_policy]
         argv += ["--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT)]
         argv += self.extra_pd_args()
-        if spec.engine.api_key_secret_ref:
-            argv += ["--api-key", f"$({WORKER_KEY_ENV})"]
         argv += list(spec.router.extra_args)
         return argv
 
     def command(self) -> list[str]:
+        if self.spec.engine.api_key_secret_ref:
+            # --api-key reads no environment variable: the launcher appends it
+            # inside the process (render/launch.py), never in argv
+            return with_secret_flag(self.module, self.args(), "--api-key", WORKER_KEY_ENV)
         return ["python3", "-m", self.module] + self.args()
 
     def key_env_names(self) -> list[str]:

@@ -466,7 +466,9 @@ def split_command(component: str, version: str, argv: Sequence[str]) -> tuple[li
     given as a path (``/usr/bin/python3``).  If ``argv`` does not start with a
     known command the whole list is taken as arguments.
     """
-    argv = list(argv)
+    from ..launch import logical_argv
+
+    argv = logical_argv(list(argv))
     for cmd in _commands(component, version):
         if len(argv) >= len(cmd):
             head = argv[: len(cmd)]

@@ -18,11 +18,13 @@ set is in flagsets/sglang-0.5.23.json and a contract test checks every line):
 from __future__ import annotations
 
 from ..common import secret_env
+from ..launch import with_secret_flag
 from .base import EngineAdapter
 from .flagset import has_flag
 
-# Not an SGLang variable: the kubelet expands $(PD_ENGINE_API_KEY) in the
-# command line from the Secret, so the key never appears in the manifest.
+# Not an SGLang variable (SGLang reads its key from --api-key only): the
+# launcher in render/launch.py appends --api-key with this variable's value
+# inside the process, so the key is neither in the manifest nor in argv.
 API_KEY_ENV = "PD_ENGINE_API_KEY"
 
 
@@ -95,9 +97,9 @@ class SGLangAdapter(EngineAdapter):
         if pool.enable_prefix_caching is False:
             argv.append("--disable-radix-cache")
         argv.append("--enable-metrics")
-        if spec.engine.api_key_secret_ref:
-            argv += ["--api-key", f"$({API_KEY_ENV})"]
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
+        if spec.engine.api_key_secret_ref:
+            return with_secret_flag("sglang.launch_server", argv[3:], "--api-key", API_KEY_ENV)
         return argv
 
     def transfer_backend(self) -> str:

@@ -141,6 +141,17 @@ class KubeStateMetrics(_M):
                                              "with --custom-resource-state-config-file.")
 
 
+class Autoscaling(_M):
+    """What the autoscaler may do on a tenant's behalf."""
+
+    prometheus_token_urls: list[str] = Field(
+        default_factory=list, alias="prometheusTokenURLs",
+        description="Prometheus endpoints (scheme://host:port[/path]) that may receive the bearer token of a "
+                    "service's spec.autoscaling.prometheus.bearerTokenSecretRef; the scheme, host and port must "
+                    "match and the path start with the entry's. Empty: no token is ever read or sent, whatever "
+                    "rbac.secretReads says (a spec cannot make the operator hand a Secret to a URL of its choosing).")
+
+
 class Values(_M):
     """pd-operator chart values."""
 
@@ -156,6 +167,7 @@ class Values(_M):
                                 description="Drift and status backstop period (child events act within seconds).")
     verbose: bool = Field(False, description="Debug logging.")
     rbac: Rbac = Field(default_factory=Rbac, description="RBAC settings.")
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="Autoscaler settings.")
     service_account: ServiceAccount = Field(default_factory=ServiceAccount, alias="serviceAccount",
                                             description="ServiceAccount settings.")
     resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
