@@ -169,11 +169,11 @@ def test_unknown_model_lists_the_known_ones(tmp_path, capsys):
 
 def test_what_the_cost_model_cannot_run_is_refused(tmp_path, capsys):
     def pp(spec):
-        spec["decode"]["pipelineParallelSize"] = 2
-        spec["prefill"]["gpuProduct"] = "NVIDIA-A100-SXM4-80GB"
+        spec["prefill"]["pipelineParallelSize"] = 2  # NIXL takes PP on prefill only
+        spec["decode"]["gpuProduct"] = "NVIDIA-A100-SXM4-80GB"
 
     code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", pp), *WINDOW)
-    assert code == 1 and "spec.decode.pipelineParallelSize" in err and "spec.prefill.gpuProduct" in err
+    assert code == 1 and "spec.prefill.pipelineParallelSize" in err and "spec.decode.gpuProduct" in err
 
 
 def test_unreadable_inputs_exit_2(tmp_path, capsys):

@@ -48,7 +48,7 @@ def _expand(argv: list[str]) -> list[str]:
 def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = None) -> SimConfig:
     """Build a SimConfig from an engine command line; FlagError/ValueError if refused."""
     opts = opts or sim_parser().parse_args([])
-    from ..render.launch import logical_argv  # the launcher that keeps a key out of argv
+    from pd_operator.render.launch import logical_argv  # the launcher that keeps a key out of argv
 
     argv = _expand(logical_argv(list(engine_argv)))
     flavor = None
