@@ -41,6 +41,13 @@ ENGINE_BACKENDS: dict[str, tuple[str, ...]] = {
 DEFAULT_BACKEND: dict[str, str] = {"vllm": "nixl", "sglang": "mooncake"}
 DEFAULT_ROUTER: dict[str, str] = {"vllm": "vllm-router", "sglang": "sglang-router"}
 
+# Per engine.accelerator: the device plugin's GPU resource and the node label
+# with the GPU model (tests/contract/FACTS.md, "Node labels of real GPU
+# clusters": NVIDIA k8s-device-plugin and GPU Feature Discovery; ROCm
+# k8s-device-plugin and its node labeller). Used when topology leaves them unset.
+GPU_RESOURCE: dict[str, str] = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+GPU_PRODUCT_LABEL: dict[str, str] = {"nvidia": "nvidia.com/gpu.product", "amd": "amd.com/gpu.product-name"}
+
 # Label keys the operator puts on everything it creates.
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"

@@ -25,6 +25,8 @@ from .constants import (
     ENGINE_TEARDOWN_MARGIN_S,
     ENGINE_IMAGES,
     ENGINE_VERSIONS,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
     KIND,
     ROUTER_IMAGES,
     ROUTER_VERSIONS,
@@ -581,7 +583,7 @@ class PoolSpec(Base):
     )
     gpu_product: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[-._a-zA-Z0-9]+$")]] = Field(
         None,
-        description="Required GPU model, matched against the node label topology.gpuProductLabel (GPU Feature Discovery), e.g. NVIDIA-H200.",
+        description="Required GPU model, matched against the node label topology.gpuProductLabel, e.g. NVIDIA-H200 (GPU Feature Discovery) or AMD_Instinct_MI300X_OAM (AMD node labeller).",
     )
     resources: Resources = obj(
         description="CPU/memory requests and limits of each engine container (GPUs are added by the operator). "
@@ -738,8 +740,17 @@ class RouterSpec(Base):
 class TopologySpec(Base):
     """GPU resources and placement."""
 
-    gpu_resource_name: QualifiedName = Field("nvidia.com/gpu", description="Extended resource that counts GPUs (amd.com/gpu on AMD clusters).")
-    gpu_product_label: QualifiedName = Field("nvidia.com/gpu.product", description="Node label holding the GPU model (GPU Feature Discovery).")
+    gpu_resource_name: Optional[QualifiedName] = Field(
+        None,
+        description="Extended resource that counts GPUs. Unset: follows engine.accelerator, nvidia.com/gpu (NVIDIA "
+        "device plugin) or amd.com/gpu (ROCm device plugin).",
+    )
+    gpu_product_label: Optional[QualifiedName] = Field(
+        None,
+        description="Node label holding the GPU model that pool gpuProduct is matched against. Unset: follows "
+        "engine.accelerator, nvidia.com/gpu.product (GPU Feature Discovery) or amd.com/gpu.product-name (AMD node "
+        "labeller, e.g. AMD_Instinct_MI300X_OAM).",
+    )
     gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs on one node; a replica must fit on one node.")
     nvlink_domain_key: QualifiedName = Field(
         "nvidia.com/gpu.clique",
@@ -857,14 +868,20 @@ def _dp_attention_rule(pool: str) -> Rule:
     )
 
 
+def _gpu_resource_cel() -> str:
+    return ("(has(self.topology.gpuResourceName) ? self.topology.gpuResourceName : "
+            f"(self.engine.accelerator == 'amd' ? '{GPU_RESOURCE['amd']}' : '{GPU_RESOURCE['nvidia']}'))")
+
+
 def _no_gpu_in_resources_rule(pool: str) -> Rule:
+    gpu = _gpu_resource_cel()
     return Rule(
-        cel=f"(!has(self.{pool}.resources.requests) || !(self.topology.gpuResourceName in self.{pool}.resources.requests)) && "
-        f"(!has(self.{pool}.resources.limits) || !(self.topology.gpuResourceName in self.{pool}.resources.limits))",
+        cel=f"(!has(self.{pool}.resources.requests) || !({gpu} in self.{pool}.resources.requests)) && "
+        f"(!has(self.{pool}.resources.limits) || !({gpu} in self.{pool}.resources.limits))",
         message=f"{pool}.resources must not set the GPU resource: the operator requests "
         f"tensorParallelSize x pipelineParallelSize x dataParallelSize GPUs; set those instead",
-        check=lambda s: s.topology.gpu_resource_name not in getattr(s, pool).resources.requests
-        and s.topology.gpu_resource_name not in getattr(s, pool).resources.limits,
+        check=lambda s: s.gpu_resource_name() not in getattr(s, pool).resources.requests
+        and s.gpu_resource_name() not in getattr(s, pool).resources.limits,
         field_path=f".{pool}.resources",
     )
 
@@ -945,6 +962,14 @@ class PDInferenceServiceSpec(Base):
             field_path=".kvTransfer.backend",
         ),
         Rule(
+            cel=f"{_backend_cel()} != 'moriio' || self.router.replicas == 1",
+            message="kvTransfer.backend moriio: vllm-router learns MoRIIO workers only from their registration "
+            "heartbeats, which each engine sends to one address (the router's discovery Service, so one router pod): "
+            "set router.replicas 1",
+            check=lambda s: s.backend() != "moriio" or s.router.replicas == 1,
+            field_path=".router.replicas",
+        ),
+        Rule(
             cel=f"{_router_kind_cel()} == (self.engine.kind == 'vllm' ? 'vllm-router' : 'sglang-router')",
             message="router.kind must match the engine: vllm-router for vllm, sglang-router for sglang (or auto)",
             check=lambda s: s.router_kind() == DEFAULT_ROUTER[s.engine.kind],
@@ -965,6 +990,14 @@ class PDInferenceServiceSpec(Base):
 
     def router_kind(self) -> str:
         return self.router.effective_kind(self.engine.kind)
+
+    def gpu_resource_name(self) -> str:
+        """The extended resource that counts GPUs: the one set, else the accelerator's device plugin's."""
+        return self.topology.gpu_resource_name or GPU_RESOURCE[self.engine.accelerator]
+
+    def gpu_product_label(self) -> str:
+        """The node label gpuProduct is matched against: the one set, else the accelerator's labeller's."""
+        return self.topology.gpu_product_label or GPU_PRODUCT_LABEL[self.engine.accelerator]
 
     def rdma_configured(self) -> bool:
         rdma = self.kv_transfer.rdma

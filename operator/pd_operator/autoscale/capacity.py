@@ -105,7 +105,7 @@ def replica_cost_model(spec: PDInferenceServiceSpec, role: str) -> CostModel | N
     pool = spec.pool(role)
     if spec.engine.accelerator != "nvidia" or pool.pipeline_parallel_size != 1:
         return None
-    product = pool.gpu_product or pool.node_selector.get(spec.topology.gpu_product_label)
+    product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
     if product is not None and CALIBRATED_GPU not in product.upper():
         return None
     try:

@@ -341,7 +341,7 @@ class Autoscaler:
                     obs = res.get((namespace, name))
             inputs[role] = PoolInput(state, obs, now)
         histories = self.histories.setdefault((namespace, name), {})
-        room = gpus.for_pools(templates, spec.topology.gpu_resource_name) if gpus else None
+        room = gpus.for_pools(templates, spec.gpu_resource_name()) if gpus else None
         decisions = plan_service(svc, inputs, histories, now, room)
         status = body.get("status") or {}
         patch: dict = {}

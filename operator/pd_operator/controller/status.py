@@ -70,9 +70,9 @@ def unschedulable_reason(svc: PDInferenceService, role: str, message: str) -> st
     pool = spec.pool(role)
     rdma = spec.kv_transfer.rdma.resource_name
     hints = []
-    if f"Insufficient {topo.gpu_resource_name}" in message:
+    if f"Insufficient {spec.gpu_resource_name()}" in message:
         hints.append(
-            f"not enough free {topo.gpu_resource_name}: each {role} pod needs {gpu_count(svc, role)} on one node; "
+            f"not enough free {spec.gpu_resource_name()}: each {role} pod needs {gpu_count(svc, role)} on one node; "
             f"free GPUs, add nodes, or lower {role}.replicas / parallel sizes"
         )
     if rdma and f"Insufficient {rdma}" in message:
@@ -81,7 +81,7 @@ def unschedulable_reason(svc: PDInferenceService, role: str, message: str) -> st
             "and that the resource name matches it"
         )
     if "node affinity/selector" in message or "didn't match Pod's node affinity" in message:
-        what = f"{topo.gpu_product_label}={pool.gpu_product}" if pool.gpu_product else "the pool's nodeSelector"
+        what = f"{spec.gpu_product_label()}={pool.gpu_product}" if pool.gpu_product else "the pool's nodeSelector"
         hints.append(f"no node matches {what}: check {role}.gpuProduct / nodeSelector against your node labels")
     if "pod affinity" in message:
         hints.append(

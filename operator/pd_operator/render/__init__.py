@@ -11,7 +11,7 @@ from .common import child_name, metadata
 from .engines import engine_for
 from .network import network_policy, pod_disruption_budget, router_network_policy
 from .pools import config_map_name, headless_service, statefulset
-from .routers import ROUTER_METRICS_PORT, ROUTER_PORT, deployment, endpoint, rbac, router_for, service
+from .routers import ROUTER_METRICS_PORT, ROUTER_PORT, deployment, discovery_service, endpoint, rbac, router_for, service
 
 __all__ = ["render", "endpoint"]
 
@@ -41,12 +41,12 @@ def render(svc: PDInferenceService, owner: dict | None = None, current_replicas:
             sts["spec"]["template"]["metadata"]["annotations"].update(router.prefill_annotations())
         objs += [headless_service(svc, engine, role), sts, pod_disruption_budget(svc, role)]
     objs += rbac(svc)
-    objs += [deployment(svc, router), service(svc)]
+    objs += [deployment(svc, router), service(svc), *discovery_service(svc, router)]
     if svc.spec.router.replicas > 1:
         objs.append(pod_disruption_budget(svc, "router"))
     if svc.spec.network_policy.enabled:
         objs.append(network_policy(svc, engine))
-        objs.append(router_network_policy(svc, ROUTER_PORT, ROUTER_METRICS_PORT))
+        objs.append(router_network_policy(svc, ROUTER_PORT, ROUTER_METRICS_PORT, router.registration_port()))
     if owner:
         ref = {**owner, "controller": True, "blockOwnerDeletion": True}
         for obj in objs:

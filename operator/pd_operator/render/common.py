@@ -24,6 +24,21 @@ def child_name(svc: PDInferenceService, role: str) -> str:
     return f"{svc.metadata.name}-{role}"
 
 
+# vllm-router with --kv-connector moriio learns its workers from registration
+# heartbeats (ZMQ, --vllm-discovery-address), which vLLM's MoRIIOConnector sends
+# to proxy_ip:proxy_ping_port of kv_connector_extra_config
+# (tests/contract/FACTS.md, "MoRIIO and vllm-router discovery"). 30001 is the
+# router's own example port; any port clear of the API (8000) and metrics
+# (29000) ports works.
+ROUTER_DISCOVERY_PORT = 30001
+
+
+def discovery_service_host(svc: PDInferenceService) -> str:
+    """DNS name of the ClusterIP Service in front of the router's discovery port."""
+    name = child_name(svc, "router-discovery")
+    return f"{name}.{svc.metadata.namespace}.svc" if svc.metadata.namespace else name
+
+
 def selector_labels(svc: PDInferenceService, role: str) -> dict[str, str]:
     """The immutable labels that select one role's pods."""
     return {LABEL_SERVICE: svc.metadata.name, LABEL_ROLE: role}

@@ -13,11 +13,7 @@ def network_policy(svc: PDInferenceService, engine: EngineAdapter) -> dict:
     ports), from the pools of the same service (KV transfer over UCX/Mooncake
     uses ports chosen at run time, so peers get all ports) and from metrics
     scrapers (the API port, which serves /metrics)."""
-    name = svc.metadata.name
-    engines = {
-        "matchLabels": {LABEL_SERVICE: name},
-        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": ["prefill", "decode"]}],
-    }
+    engines = _engine_pods(svc)
     ports = {p["containerPort"] for role in ("prefill", "decode") for p in engine.ports(role) if p["name"] in ("http", "bootstrap")}
     router_ports = [{"protocol": "TCP", "port": p} for p in sorted(ports)]
     scrapers = _peers(svc.spec.network_policy.metrics_from)
@@ -35,6 +31,14 @@ def network_policy(svc: PDInferenceService, engine: EngineAdapter) -> dict:
     }
 
 
+def _engine_pods(svc: PDInferenceService) -> dict:
+    """Label selector of the service's prefill and decode pods."""
+    return {
+        "matchLabels": {LABEL_SERVICE: svc.metadata.name},
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": ["prefill", "decode"]}],
+    }
+
+
 def _peers(peers) -> list[dict]:
     out = []
     for peer in peers:
@@ -49,7 +53,8 @@ def _peers(peers) -> list[dict]:
     return out
 
 
-def router_network_policy(svc: PDInferenceService, api_port: int, metrics_port: int) -> dict:
+def router_network_policy(svc: PDInferenceService, api_port: int, metrics_port: int,
+                          registration_port: int | None = None) -> dict:
     """The router's API port only to ``clientsFrom`` (default: the pods of the
     service's own namespace), its metrics port only to ``metricsFrom``.
     vllm-router authenticates no client (tests/contract/FACTS.md), so this
@@ -60,6 +65,9 @@ def router_network_policy(svc: PDInferenceService, api_port: int, metrics_port: 
     scrapers = _peers(spec.metrics_from)
     if scrapers:
         ingress.append({"from": scrapers, "ports": [{"protocol": "TCP", "port": metrics_port}]})
+    if registration_port is not None:
+        # the service's engine pods register with the router (MoRIIO heartbeats)
+        ingress.append({"from": [{"podSelector": _engine_pods(svc)}], "ports": [{"protocol": "TCP", "port": registration_port}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -75,7 +75,7 @@ def _resources(svc: PDInferenceService, role: str) -> dict:
         # A limit alone is also the request (Kubernetes defaults it): keep it.
         if key not in requests and key not in limits:
             requests[key] = value
-    extended = {spec.topology.gpu_resource_name: gpu_count(svc, role)}
+    extended = {spec.gpu_resource_name(): gpu_count(svc, role)}
     rdma = spec.kv_transfer.rdma
     if rdma.resource_name:
         extended[rdma.resource_name] = rdma.count
@@ -94,7 +94,7 @@ def _affinity(svc: PDInferenceService, role: str) -> dict:
         affinity["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": topo.gpu_product_label, "operator": "In", "values": [pool.gpu_product]}]}
+                    {"matchExpressions": [{"key": spec.gpu_product_label(), "operator": "In", "values": [pool.gpu_product]}]}
                 ]
             }
         }

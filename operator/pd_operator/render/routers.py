@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 
 from ..api.constants import ROUTER_VERSIONS
 from ..api.models import PDInferenceService
-from .common import child_name, metadata, secret_env, selector_labels
+from .common import ROUTER_DISCOVERY_PORT, child_name, metadata, secret_env, selector_labels
 from .engines import EngineAdapter
 from .launch import with_secret_flag
 
@@ -53,17 +53,26 @@ class RouterAdapter(ABC):
         spec = self.spec
         argv = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
         argv += self.pd_args()
-        argv += ["--service-discovery"]
-        if self.svc.metadata.namespace:
-            argv += ["--service-discovery-namespace", self.svc.metadata.namespace]
-        argv += ["--service-discovery-port", str(self.engine.http_port)]
-        argv += ["--prefill-selector", *self.selector_args("prefill")]
-        argv += ["--decode-selector", *self.selector_args("decode")]
+        argv += self.discovery_args()
         argv += ["--prefill-policy", spec.router.prefill_policy, "--decode-policy", spec.router.decode_policy]
         argv += ["--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT)]
         argv += self.extra_pd_args()
         argv += list(spec.router.extra_args)
         return argv
+
+    def discovery_args(self) -> list[str]:
+        """How the router finds its workers: pods by label selector."""
+        argv = ["--service-discovery"]
+        if self.svc.metadata.namespace:
+            argv += ["--service-discovery-namespace", self.svc.metadata.namespace]
+        argv += ["--service-discovery-port", str(self.engine.http_port)]
+        argv += ["--prefill-selector", *self.selector_args("prefill")]
+        argv += ["--decode-selector", *self.selector_args("decode")]
+        return argv
+
+    def registration_port(self) -> int | None:
+        """The port workers register on (ZMQ), when they register themselves."""
+        return None
 
     def command(self) -> list[str]:
         if self.spec.engine.api_key_secret_ref:
@@ -92,7 +101,7 @@ class RouterAdapter(ABC):
             "--service-discovery", "--service-discovery-namespace", "--service-discovery-port",
             "--prefill-selector", "--decode-selector", "--selector", "--prefill", "--decode",
             "--worker-urls", "--prefill-policy", "--decode-policy", "--policy",
-            "--prometheus-host", "--prometheus-port", "--api-key",
+            "--prometheus-host", "--prometheus-port", "--api-key", "--vllm-discovery-address",
         }
     )
 
@@ -123,6 +132,21 @@ class VLLMRouter(RouterAdapter):
 
     def pd_args(self) -> list[str]:
         return ["--vllm-pd-disaggregation", "--kv-connector", self.kv_connector()]
+
+    def registration_port(self) -> int | None:
+        # In moriio mode vllm-router dispatches a request only once an engine has
+        # registered its transfer mode (READ/WRITE) over ZMQ; with pod discovery
+        # alone every request fails with "No MoRI-IO instances have registered a
+        # transfer mode" (tests/contract/FACTS.md, "MoRIIO and vllm-router discovery").
+        return ROUTER_DISCOVERY_PORT if self.kv_connector() == "moriio" else None
+
+    def discovery_args(self) -> list[str]:
+        port = self.registration_port()
+        if port is None:
+            return super().discovery_args()
+        # With --vllm-discovery-address the router is built in discovery mode and
+        # takes its workers from the registrations only: pod discovery is left off.
+        return ["--vllm-discovery-address", f"0.0.0.0:{port}"]
 
     def key_env_names(self) -> list[str]:
         # vllm-router 0.1.17 sends --api-key only on its /render calls; the PD
@@ -198,7 +222,8 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
         "ports": [
             {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
-        ],
+        ] + ([{"name": "discovery", "containerPort": router.registration_port(), "protocol": "TCP"}]
+             if router.registration_port() else []),
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
         "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
@@ -258,6 +283,25 @@ def service(svc: PDInferenceService) -> dict:
             "ports": [{"name": "http", "port": spec.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+
+
+def discovery_service(svc: PDInferenceService, router: RouterAdapter) -> list[dict]:
+    """A ClusterIP Service in front of the router's registration port, apart
+    from the client Service (which may be a LoadBalancer): the engines send
+    their heartbeats to it."""
+    port = router.registration_port()
+    if port is None:
+        return []
+    return [{
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(svc, child_name(svc, "router-discovery"), "router"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(svc, "router"),
+            "ports": [{"name": "discovery", "port": port, "targetPort": "discovery", "protocol": "TCP"}],
+        },
+    }]
 
 
 def endpoint(svc: PDInferenceService) -> str:

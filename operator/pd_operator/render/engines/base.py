@@ -11,6 +11,15 @@ from ..common import secret_env
 MODELS_DIR = "/models"
 HF_HOME = "/cache/huggingface"
 
+# UCX transports for NIXL/UCX KV transfer: RDMA (rc_x, rc) plus the GPU-memory
+# transports of the accelerator. UCX names them cuda_copy/cuda_ipc (src/uct/cuda/)
+# and rocm_copy/rocm_ipc (src/uct/rocm/copy, src/uct/rocm/ipc); a CUDA name on
+# a ROCm build matches no transport (tests/contract/FACTS.md, "AMD accelerators").
+UCX_TLS: dict[str, str] = {
+    "nvidia": "rc_x,rc,cuda_copy,cuda_ipc",
+    "amd": "rc_x,rc,rocm_copy,rocm_ipc",
+}
+
 
 class EngineAdapter(ABC):
     """One inference engine at one pinned version: flags, env, ports, probes."""
@@ -107,7 +116,7 @@ class EngineAdapter(ABC):
         if self.spec.backend() not in ("nixl", "lmcache") or "UCX" not in spec.kv_transfer.nixl.backends or not self.rdma_enabled():
             return []
         rdma = spec.kv_transfer.rdma
-        env = [{"name": "UCX_TLS", "value": "rc_x,rc,cuda_copy,cuda_ipc"}]
+        env = [{"name": "UCX_TLS", "value": UCX_TLS[spec.engine.accelerator]}]
         if rdma.ib_devices:
             devices = ",".join(d if ":" in d else f"{d}:1" for d in rdma.ib_devices)
             env.append({"name": "UCX_NET_DEVICES", "value": devices})

@@ -17,7 +17,9 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
 - lmcache backend: MultiConnector of NixlConnector (the PD handoff, which
   vllm-router drives) and LMCacheConnectorV1 (CPU/remote cache tier), both
   kv_both; LMCache reads LMCACHE_CONFIG_FILE (a ConfigMap the renderer writes).
-- MoRIIOConnector (ROCm only): ports in ``kv_connector_extra_config``.
+- MoRIIOConnector (ROCm only): ports in ``kv_connector_extra_config``, and
+  ``proxy_ip``/``proxy_ping_port``: the router's discovery Service, which the
+  engines register with (vllm-router in moriio mode knows no other worker).
 - Decode sets ``kv_load_failure_policy: recompute``: a lost prefill pod
   degrades to recomputation instead of failed requests.
 - Auth: env VLLM_API_KEY protects /v1; /health stays open for probes.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import yaml
 
-from ..common import secret_env
+from ..common import ROUTER_DISCOVERY_PORT, discovery_service_host, secret_env
 from .base import EngineAdapter, compact_json
 
 LMCACHE_CONFIG_DIR = "/etc/lmcache"
@@ -92,6 +94,11 @@ class VLLMAdapter(EngineAdapter):
                 "notify_port": kvt.moriio.notify_port,
                 "http_port": self.http_port,
                 "read_mode": kvt.moriio.read_mode,
+                # rank 0 heartbeats {type, http_address, zmq_address,
+                # transfer_mode} here; vllm-router routes only to registered
+                # engines (moriio_connector.py _start_heartbeat)
+                "proxy_ip": discovery_service_host(self.svc),
+                "proxy_ping_port": ROUTER_DISCOVERY_PORT,
             }
         if not producer:
             cfg["kv_load_failure_policy"] = "recompute"
@@ -144,6 +151,12 @@ class VLLMAdapter(EngineAdapter):
             ]
         elif backend == "mooncake" and role == "prefill":
             env.append({"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(kvt.bootstrap_port)})
+        elif backend == "moriio":
+            # MoRIIO's local_ip (the registered http_address and the handshake
+            # host) is host_ip, else get_ip(): VLLM_HOST_IP, else the address
+            # of the default route (moriio_common.py resolve_host_ip,
+            # utils/network_utils.py get_ip): pin it to the pod IP.
+            env.append({"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         if backend == "lmcache":
             env.append({"name": "LMCACHE_CONFIG_FILE", "value": LMCACHE_CONFIG_FILE})
         if spec.engine.api_key_secret_ref:

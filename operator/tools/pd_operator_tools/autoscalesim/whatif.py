@@ -92,9 +92,9 @@ def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
                                                f"(got {spec.engine.accelerator!r})"))
     for role in ROLES:
         pool, at = svc.spec.pool(role), f"spec.{role}"
-        product = pool.gpu_product or pool.node_selector.get(spec.topology.gpu_product_label)
+        product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
         if product is not None and CALIBRATED_GPU not in product.upper():
-            field = "gpuProduct" if pool.gpu_product else f"nodeSelector[{spec.topology.gpu_product_label}]"
+            field = "gpuProduct" if pool.gpu_product else f"nodeSelector[{spec.gpu_product_label()}]"
             out.append((f"{at}.{field}", f"the cost model is calibrated on NVIDIA {CALIBRATED_GPU} only (got {product!r})"))
         if pool.pipeline_parallel_size != 1:
             out.append((f"{at}.pipelineParallelSize", "pipeline parallelism is not modelled: use 1"))
