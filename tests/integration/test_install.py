@@ -221,6 +221,72 @@ def test_helm_namespace_scope(kube_cluster, crd, release_namespace, namespace, t
         helm(admin, "uninstall", release, "--namespace", release_namespace)
 
 
+# Every kind the operator writes, as `kubectl auth can-i` names them.
+WRITES = (("create", "statefulsets.apps"), ("patch", "deployments.apps"), ("delete", "services"),
+          ("create", "serviceaccounts"), ("create", "configmaps"), ("create", "poddisruptionbudgets.policy"),
+          ("create", "roles.rbac.authorization.k8s.io"), ("create", "rolebindings.rbac.authorization.k8s.io"),
+          ("delete", "networkpolicies.networking.k8s.io"), ("patch", f"{PLURAL}.{GROUP}"),
+          ("patch", f"{PLURAL}.{GROUP}", "--subresource=status"), ("create", "events"))
+
+
+def test_helm_writes_only_in_served_namespaces(kube_cluster, crd, release_namespace, namespace, tmp_path,
+                                               custom_objects, api_client, apps_v1):
+    """rbac.scope=cluster (default) with watchNamespaces: every write, and Secret
+    get, only in the served namespace (kube-system, default and the operator's own
+    namespace are not writable); reads of PDInferenceServices, pods and nodes stay
+    cluster-wide for the free-GPU cap. The operator, run as the chart runs it (-n)
+    under the ServiceAccount's token, still brings a service to Ready."""
+    admin = kube_cluster.kubeconfig
+    release = f"pdw-{uid()}"
+    fullname = f"{release}-pd-operator"
+    helm(admin, "install", release, str(CHART), "--namespace", release_namespace,
+         "--set", f"watchNamespaces[0]={namespace}", "--set", "rbac.secretReads=true")
+    try:
+        subject = f"system:serviceaccount:{release_namespace}:{fullname}"
+        assert not can_i(admin, subject, "create", "statefulsets", "-n", "kube-system")
+        assert can_i(admin, subject, "create", "statefulsets", "-n", namespace)
+        for verb, res, *extra in WRITES:
+            assert can_i(admin, subject, verb, res, *extra, "-n", namespace), f"{subject} cannot {verb} {res} in {namespace}"
+            for other in ("kube-system", "default", release_namespace):
+                assert not can_i(admin, subject, verb, res, *extra, "-n", other), f"{subject} may {verb} {res} in {other}"
+        assert can_i(admin, subject, "get", "secrets", "-n", namespace)
+        for other in ("kube-system", "default", release_namespace):
+            assert not can_i(admin, subject, "get", "secrets", "-n", other), f"{subject} may get secrets in {other}"
+        assert_minimal(admin, subject, namespace, secret_reads=True)
+        # cluster-wide reads kept: the free-GPU cap (nodes, every pod) and its own resource
+        assert can_i(admin, subject, "list", "nodes") and not can_i(admin, subject, "patch", "nodes")
+        for res in ("pods", f"{PLURAL}.{GROUP}"):
+            for verb in ("list", "watch"):
+                assert can_i(admin, subject, verb, res, "-A"), f"{subject} cannot {verb} {res} -A"
+        args = apps_v1.read_namespaced_deployment(fullname, release_namespace).spec.template.spec.containers[0].args
+        assert "--all-namespaces" not in args and f"--namespace={namespace}" in args
+
+        kc = token_kubeconfig(admin, release_namespace, fullname, tmp_path / "sa.kubeconfig")
+        op = Operator(kc, namespace, tmp_path / "operator.log").start()
+        try:
+            create(custom_objects, service("wr", namespace))
+            wait_ready(custom_objects, namespace, "wr")
+            assert set(children(api_client, namespace, "wr")) == expected("wr")
+        finally:
+            op.stop()
+        log = (tmp_path / "operator.log").read_text()
+        assert "Forbidden" not in log, log[-3000:]
+        assert "no RBAC to list nodes" not in log, log[-3000:]  # the free-GPU cap kept its cluster view
+    finally:
+        helm(admin, "uninstall", release, "--namespace", release_namespace)
+    # the per-namespace Role went with the release
+    gone = kubectl(admin, "-n", namespace, "get", "role", fullname, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def test_helm_refuses_clusterwide_secret_reads(kube_cluster, release_namespace):
+    """rbac.secretReads=true with every namespace served would be get on every
+    Secret: refused before anything is created, naming the fix."""
+    r = helm(kube_cluster.kubeconfig, "install", f"pds-{uid()}", str(CHART), "--namespace", release_namespace,
+             "--set", "rbac.secretReads=true", check=False)
+    assert r.returncode != 0 and "watchNamespaces" in r.stderr, r.stderr
+
+
 def _unique_install_yaml(ns: str, suffix: str) -> list[dict]:
     """manifests/install.yaml, moved to namespace ``ns`` with cluster-scoped
     names suffixed (the shared cluster may hold another copy)."""

@@ -128,6 +128,7 @@ def test_install_yaml_is_current():
     (), ("rbac.scope=namespace",),
     ("prometheusRule.enabled=true", "dashboard.enabled=true", "kubeStateMetrics.enabled=true",
      "metrics.serviceMonitor.enabled=true", "rbac.secretReads=true", "watchNamespaces={a,b}", "rbac.scope=namespace"),
+    ("watchNamespaces={a,b}", "rbac.secretReads=true"),
 ])
 def test_helm_lint_clean(sets):
     argv = ["lint", str(CHART), "--strict"]
@@ -178,7 +179,7 @@ def _rules(docs):
 
 
 @needs_helm
-@pytest.mark.parametrize("sets", [(), ("rbac.scope=namespace",), ("rbac.secretReads=true",),
+@pytest.mark.parametrize("sets", [(), ("rbac.scope=namespace",), ("watchNamespaces={a,b}", "rbac.secretReads=true"),
                                   ("rbac.scope=namespace", "watchNamespaces={a,b}", "rbac.secretReads=true")])
 def test_rbac_is_least_privilege(sets):
     docs = template(*sets)
@@ -196,6 +197,11 @@ def test_rbac_is_least_privilege(sets):
     discovery = clusterroles.pop("pd-operator-discovery")
     assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in discovery["rules"])
     assert {res for r in discovery["rules"] for res in r["resources"]} <= {"customresourcedefinitions", "namespaces"}
+    if "rbac.scope=namespace" in sets or "watchNamespaces={a,b}" in sets:
+        # writes (and Secret reads) only ever in a Role of a served namespace
+        for role in clusterroles.values():
+            assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in role["rules"]), role
+            assert not any("secrets" in r["resources"] for r in role["rules"]), role
     if "rbac.scope=namespace" in sets:
         assert not clusterroles and not [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == "pd-operator"]
         namespaces = ["a", "b"] if "watchNamespaces={a,b}" in sets else ["pd-operator-system"]
@@ -204,8 +210,75 @@ def test_rbac_is_least_privilege(sets):
         (deploy,) = by_kind(docs, "Deployment")
         assert [a for a in deploy["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--namespace")] \
             == [f"--namespace={n}" for n in namespaces]
+    elif "watchNamespaces={a,b}" in sets:
+        assert list(clusterroles) == ["pd-operator"]
+        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["a", "b"]
     else:
         assert list(clusterroles) == ["pd-operator"] and not by_kind(docs, "Role")
+
+
+def _can(docs: list[dict], verb: str, group: str, resource: str, namespace: str | None,
+         sa: str = "system:serviceaccount:pd-operator-system:pd-operator") -> bool:
+    """What `kubectl auth can-i --as=SA VERB RESOURCE [-n NAMESPACE]` answers for the
+    rendered RBAC alone (no wildcards to resolve: test_rbac_is_least_privilege)."""
+    def bound(binding):
+        return any(f"system:serviceaccount:{s['namespace']}:{s['name']}" == sa
+                   for s in binding["subjects"] if s["kind"] == "ServiceAccount")
+
+    def grants(role):
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in role["rules"])
+
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    for b in docs:
+        if b["kind"] == "ClusterRoleBinding" and bound(b):
+            if grants(roles[("ClusterRole", None, b["roleRef"]["name"])]):
+                return True
+        elif b["kind"] == "RoleBinding" and bound(b) and b["metadata"]["namespace"] == namespace:
+            ref = b["roleRef"]
+            role = roles[(ref["kind"], None if ref["kind"] == "ClusterRole" else namespace, ref["name"])]
+            if grants(role):
+                return True
+    return False
+
+
+WRITES = [("create", "apps", "statefulsets"), ("patch", "apps", "deployments"), ("delete", "", "services"),
+          ("create", "", "serviceaccounts"), ("create", "rbac.authorization.k8s.io", "roles"),
+          ("create", "rbac.authorization.k8s.io", "rolebindings"), ("delete", "networking.k8s.io", "networkpolicies"),
+          ("patch", "pdserving.io", "pdinferenceservices"), ("create", "", "events")]
+
+
+@needs_helm
+def test_writes_only_in_served_namespaces_reads_stay_clusterwide():
+    """scope=cluster with watchNamespaces: a Role per served namespace holds every
+    write; the ClusterRole keeps the cluster-wide reads (services, pods and nodes
+    for the free-GPU cap), so kube-system is no longer writable."""
+    docs = template("watchNamespaces={team-a,team-b}", "rbac.secretReads=true")
+    for verb, group, res in WRITES:
+        for ns in ("team-a", "team-b"):
+            assert _can(docs, verb, group, res, ns), (verb, res, ns)
+        for ns in ("kube-system", "default", "pd-operator-system", "team-c"):
+            assert not _can(docs, verb, group, res, ns), (verb, res, ns)
+    assert _can(docs, "get", "", "secrets", "team-a") and not _can(docs, "get", "", "secrets", "kube-system")
+    for verb in ("list", "watch"):
+        assert _can(docs, verb, "pdserving.io", "pdinferenceservices", "kube-system")
+        assert _can(docs, verb, "", "pods", "kube-system")  # the free-GPU cap counts every pod's requests
+    assert _can(docs, "list", "", "nodes", None) and not _can(docs, "patch", "", "nodes", None)
+    (deploy,) = by_kind(docs, "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" not in args  # it serves only where it may write
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+@needs_helm
+def test_default_install_writes_everywhere_but_never_reads_secrets_clusterwide():
+    docs = template()
+    assert _can(docs, "create", "apps", "statefulsets", "kube-system")  # all namespaces served: the documented default
+    assert not _can(docs, "get", "", "secrets", "kube-system")
+    # Secret reads are granted per namespace only: with every namespace served the
+    # chart refuses, naming the fix, instead of granting get on all Secrets
+    r = helm("template", "x", str(CHART), "--set", "rbac.secretReads=true", check=False)
+    assert r.returncode != 0 and "rbac.secretReads" in r.stderr and "watchNamespaces" in r.stderr, r.stderr
 
 
 @needs_helm

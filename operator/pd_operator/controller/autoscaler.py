@@ -238,7 +238,8 @@ class Autoscaler:
         except PermissionError:
             raise PrometheusAuthError(
                 f"{field_path}: the operator may not read Secret {namespace}/{ref.name}; "
-                "install the chart with rbac.secretReads=true (or grant it get on that Secret)") from None
+                f"install the chart with rbac.secretReads=true and {namespace} in watchNamespaces "
+                "(or grant it get on that Secret)") from None
         except LookupError as err:
             raise PrometheusAuthError(f"{field_path}: {err}") from None
         return Prometheus(spec.url, token.strip())

@@ -25,7 +25,7 @@ from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERS
 from .health import HEALTH
 from .kube import FIELD_MANAGER, Kube
 from .loop import every
-from .reconcile import reconcile
+from .reconcile import LOCKS, reconcile
 
 # Drift backstop; child events restore hand edits within seconds already.
 RESYNC_SECONDS = float(os.environ.get("PD_OPERATOR_RESYNC_SECONDS", "60"))
@@ -113,6 +113,7 @@ def forget_service(namespace: str, name: str) -> None:
     from . import metrics
 
     metrics.forget_service(namespace, name)
+    LOCKS.forget(namespace, name)
     if STATE.get("autoscaler") is not None:
         STATE["autoscaler"].forget(namespace, name)
     with _guard:

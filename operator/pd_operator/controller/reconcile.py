@@ -39,6 +39,14 @@ class Locks:
         with self._guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted service's lock (kept while a reconcile still holds it:
+        one lock per service ever seen would otherwise grow without bound)."""
+        with self._guard:
+            lock = self._locks.get((namespace, name))
+            if lock is not None and not lock.locked():
+                del self._locks[(namespace, name)]
+
 
 LOCKS = Locks()
 

@@ -57,16 +57,19 @@ class Rbac(_M):
     create: bool = Field(True, description="Create the ClusterRole/Role and bindings. false: bring your own.")
     scope: Literal["cluster", "namespace"] = Field(
         "cluster",
-        description="cluster: one ClusterRole for all namespaces, with read-only nodes (the autoscaler caps a "
-                    "scale-up at what the free GPUs fit). namespace: a Role in each of watchNamespaces "
-                    "(default: the release namespace); only a read-only ClusterRole for CRD and namespace "
-                    "discovery stays cluster-wide, and scale-ups are not capped by free GPUs (the "
+        description="cluster: cluster-wide reads of nodes and pods (the autoscaler caps a scale-up at what the "
+                    "free GPUs fit); the writes are one ClusterRole when watchNamespaces is empty (every "
+                    "namespace served), else a Role in each of watchNamespaces only. namespace: a Role in each "
+                    "of watchNamespaces (default: the release namespace); only a read-only ClusterRole for CRD "
+                    "and namespace discovery stays cluster-wide, and scale-ups are not capped by free GPUs (the "
                     "Unschedulable guard still holds).")
     secret_reads: bool = Field(
         False, alias="secretReads",
         description="Let the operator get Secrets (never list): to report a missing API-key Secret in status, "
                     "and to read the Prometheus bearer token of spec.autoscaling.prometheus.bearerTokenSecretRef "
-                    "(required for that field). false: the kubelet reports missing Secrets on the pods instead.")
+                    "(required for that field). Granted in the Role of each served namespace, never "
+                    "cluster-wide: needs watchNamespaces or rbac.scope namespace. false: the kubelet reports "
+                    "missing Secrets on the pods instead.")
 
 
 class ServiceAccount(_M):
@@ -162,7 +165,9 @@ class Values(_M):
                                                      "no leader election).")
     watch_namespaces: list[str] = Field(
         default_factory=list, alias="watchNamespaces",
-        description="Namespaces to serve; empty: all (rbac.scope cluster) or the release namespace (rbac.scope namespace).")
+        description="Namespaces to serve, e.g. [team-a, team-b]: the operator writes only there (a Role in "
+                    "each). Empty: all (rbac.scope cluster, with cluster-wide writes) or the release namespace "
+                    "(rbac.scope namespace).")
     resync_seconds: int = Field(60, ge=5, alias="resyncSeconds",
                                 description="Drift and status backstop period (child events act within seconds).")
     verbose: bool = Field(False, description="Debug logging.")
