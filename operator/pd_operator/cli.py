@@ -22,18 +22,21 @@ def to_yaml(objs: list[dict]) -> str:
     return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, width=1000)
 
 
-def _load_documents(path: str) -> list:
-    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
-    return [d for d in yaml.safe_load_all(text) if d is not None]
+def _load_documents(path: str) -> list | None:
+    """The YAML documents of ``path`` (``-``: stdin); None, said on stderr, when unreadable."""
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except (OSError, yaml.YAMLError) as err:
+        print(f"pdctl: cannot read {path}: {err}", file=sys.stderr)
+        return None
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from .render import render
 
-    try:
-        docs = _load_documents(args.file)
-    except (OSError, yaml.YAMLError) as err:
-        print(f"pdctl: cannot read {args.file}: {err}", file=sys.stderr)
+    docs = _load_documents(args.file)
+    if docs is None:
         return 2
     if not docs:
         print(f"pdctl: {args.file} holds no PDInferenceService", file=sys.stderr)
@@ -56,10 +59,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    try:
-        docs = _load_documents(args.file)
-    except (OSError, yaml.YAMLError) as err:
-        print(f"pdctl: cannot read {args.file}: {err}", file=sys.stderr)
+    docs = _load_documents(args.file)
+    if docs is None:
         return 2
     status = 0
     for doc in docs:

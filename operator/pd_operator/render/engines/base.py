@@ -29,12 +29,40 @@ class EngineAdapter(ABC):
     # Flags the operator renders itself; extraArgs may not set them.
     managed_flags: frozenset[str] = frozenset()
 
+    # The engine's flags for settings both engines have (field -> flag).
+    model_len_flag: str
+    memory_fraction_flag: str
+    max_seqs_flag: str
+    step_tokens_flag: str
+
     def __init__(self, svc: PDInferenceService):
         self.svc = svc
         self.spec = svc.spec
         self.version = svc.spec.engine.effective_version()
 
     # -- the container -------------------------------------------------------
+    def prefix_caching_args(self, enabled: bool | None) -> list[str]:
+        """Flags for ``enablePrefixCaching`` (None: the engine's default)."""
+        return []
+
+    def model_and_pool_args(self, pool) -> list[str]:
+        """Flags for the model and pool settings both engines have, in each one's spelling."""
+        spec = self.spec
+        argv: list[str] = []
+        if spec.model.max_model_len:
+            argv += [self.model_len_flag, str(spec.model.max_model_len)]
+        if spec.model.source.type == "huggingface" and spec.model.source.revision:
+            argv += ["--revision", spec.model.source.revision]
+        if spec.model.trust_remote_code:
+            argv.append("--trust-remote-code")
+        if pool.gpu_memory_utilization is not None:
+            argv += [self.memory_fraction_flag, f"{pool.gpu_memory_utilization:g}"]
+        if pool.max_running_requests is not None:
+            argv += [self.max_seqs_flag, str(pool.max_running_requests)]
+        if pool.max_batched_tokens is not None:
+            argv += [self.step_tokens_flag, str(pool.max_batched_tokens)]
+        return argv + self.prefix_caching_args(pool.enable_prefix_caching)
+
     @abstractmethod
     def command(self, role: str) -> list[str]:
         """The full command line of the engine container for a role."""

@@ -46,6 +46,14 @@ class SGLangAdapter(EngineAdapter):
         }
     )
 
+    model_len_flag = "--context-length"
+    memory_fraction_flag = "--mem-fraction-static"
+    max_seqs_flag = "--max-running-requests"
+    step_tokens_flag = "--chunked-prefill-size"
+
+    def prefix_caching_args(self, enabled: bool | None) -> list[str]:
+        return ["--disable-radix-cache"] if enabled is False else []  # the radix cache is on by default
+
     def command(self, role: str) -> list[str]:
         spec = self.spec
         kvt = spec.kv_transfer
@@ -82,20 +90,7 @@ class SGLangAdapter(EngineAdapter):
                     argv += [flag, str(theirs)]
         if kvt.rdma.ib_devices:
             argv += ["--disaggregation-ib-device", ",".join(d.split(":")[0] for d in kvt.rdma.ib_devices)]
-        if spec.model.max_model_len:
-            argv += ["--context-length", str(spec.model.max_model_len)]
-        if spec.model.source.type == "huggingface" and spec.model.source.revision:
-            argv += ["--revision", spec.model.source.revision]
-        if spec.model.trust_remote_code:
-            argv.append("--trust-remote-code")
-        if pool.gpu_memory_utilization is not None:
-            argv += ["--mem-fraction-static", f"{pool.gpu_memory_utilization:g}"]
-        if pool.max_running_requests is not None:
-            argv += ["--max-running-requests", str(pool.max_running_requests)]
-        if pool.max_batched_tokens is not None:
-            argv += ["--chunked-prefill-size", str(pool.max_batched_tokens)]
-        if pool.enable_prefix_caching is False:
-            argv.append("--disable-radix-cache")
+        argv += self.model_and_pool_args(pool)
         argv.append("--enable-metrics")
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
         if spec.engine.api_key_secret_ref:

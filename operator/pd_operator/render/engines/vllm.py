@@ -104,6 +104,16 @@ class VLLMAdapter(EngineAdapter):
             cfg["kv_load_failure_policy"] = "recompute"
         return cfg
 
+    model_len_flag = "--max-model-len"
+    memory_fraction_flag = "--gpu-memory-utilization"
+    max_seqs_flag = "--max-num-seqs"
+    step_tokens_flag = "--max-num-batched-tokens"
+
+    def prefix_caching_args(self, enabled: bool | None) -> list[str]:
+        if enabled is None:
+            return []
+        return ["--enable-prefix-caching" if enabled else "--no-enable-prefix-caching"]
+
     def command(self, role: str) -> list[str]:
         spec = self.spec
         pool = self.pool(role)
@@ -118,20 +128,7 @@ class VLLMAdapter(EngineAdapter):
             argv += ["--pipeline-parallel-size", str(pool.pipeline_parallel_size)]
         if pool.data_parallel_size > 1:
             argv += ["--data-parallel-size", str(pool.data_parallel_size)]
-        if spec.model.max_model_len:
-            argv += ["--max-model-len", str(spec.model.max_model_len)]
-        if spec.model.source.type == "huggingface" and spec.model.source.revision:
-            argv += ["--revision", spec.model.source.revision]
-        if spec.model.trust_remote_code:
-            argv.append("--trust-remote-code")
-        if pool.gpu_memory_utilization is not None:
-            argv += ["--gpu-memory-utilization", f"{pool.gpu_memory_utilization:g}"]
-        if pool.max_running_requests is not None:
-            argv += ["--max-num-seqs", str(pool.max_running_requests)]
-        if pool.max_batched_tokens is not None:
-            argv += ["--max-num-batched-tokens", str(pool.max_batched_tokens)]
-        if pool.enable_prefix_caching is not None:
-            argv.append("--enable-prefix-caching" if pool.enable_prefix_caching else "--no-enable-prefix-caching")
+        argv += self.model_and_pool_args(pool)
         argv += ["--kv-transfer-config", compact_json(self.kv_transfer_config(role))]
         # 0 (the default) aborts every in-flight request on SIGTERM; > 0 drains
         # them for up to that many seconds (v1/engine/core.py _handle_shutdown).
