@@ -45,6 +45,10 @@ def minimal(kind: str = "vllm", **spec) -> dict:
     }
     for key, value in spec.items():
         obj["spec"][key] = copy.deepcopy(value)
+    # router.image is required (no published image has the pinned router launchers)
+    router = obj["spec"].setdefault("router", {})
+    if isinstance(router, dict):
+        router.setdefault("image", f"registry.example.com/pd/{'vllm' if kind == 'vllm' else 'sglang'}-router:test")
     return obj
 
 

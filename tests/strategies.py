@@ -107,8 +107,9 @@ def service(draw):
             "nvlinkDomainKey": draw(st.sampled_from(["nvidia.com/gpu.clique", "kubernetes.io/hostname"])),
             "gpusPerNode": draw(st.sampled_from([4, 8, 16])),
         }
+    spec["router"] = {"image": "registry.example.com/pd/router:test"}  # required (no published router image)
     if draw(st.booleans()):
-        spec["router"] = {
+        spec["router"] |= {
             "kind": draw(st.sampled_from(["auto", "vllm-router", "sglang-router"])),
             "replicas": draw(st.integers(1, 3)),
             "service": {"type": draw(st.sampled_from(["ClusterIP", "LoadBalancer"])), "port": 8000},

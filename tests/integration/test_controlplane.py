@@ -132,6 +132,7 @@ def _pdservice(name: str, prefill_autoscaling: dict | None = None) -> dict:
     spec = {
         "model": {"name": "Qwen/Qwen3-32B", "servedName": "qwen3-32b"},
         "engine": {"kind": "vllm"},
+        "router": {"image": "registry.example.com/pd/router:test"},
     }
     if prefill_autoscaling is not None:
         spec["prefill"] = {"autoscaling": prefill_autoscaling}

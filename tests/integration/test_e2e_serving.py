@@ -63,8 +63,8 @@ MODEL, SERVED = "Qwen/Qwen3-8B", "qwen3-8b"
 RDMA = {"resourceName": "rdma/rdma_shared_device_a", "ibDevices": ["mlx5_0"]}
 # the same shapes as manifests/examples/{vllm-nixl,sglang-mooncake}.yaml, on the calibrated model, TP1, 1P1D
 ENGINES = {
-    "vllm-nixl": {"engine": {"kind": "vllm"}, "kvTransfer": {"backend": "nixl", "rdma": RDMA}, "prefix": "vllm:"},
-    "sglang-mooncake": {"engine": {"kind": "sglang"}, "kvTransfer": {"backend": "mooncake", "rdma": RDMA},
+    "vllm-nixl": {"engine": {"kind": "vllm"}, "router": {"image": "registry.example.com/pd/router:test"}, "kvTransfer": {"backend": "nixl", "rdma": RDMA}, "prefix": "vllm:"},
+    "sglang-mooncake": {"engine": {"kind": "sglang"}, "router": {"image": "registry.example.com/pd/router:test"}, "kvTransfer": {"backend": "mooncake", "rdma": RDMA},
                         "prefix": "sglang:"},
 }
 STREAM_TOKENS = 20

@@ -126,6 +126,7 @@ def service(name: str, namespace: str, **spec) -> dict:
         "spec": {
             "model": {"name": "Qwen/Qwen3-8B", "servedName": "qwen3-8b"},
             "engine": {"kind": "vllm"},
+            "router": {"image": "registry.example.com/pd/router:test"},
             "prefill": {"replicas": 1, "tensorParallelSize": 1, "gpuProduct": "NVIDIA-H200"},
             "decode": {"replicas": 1, "tensorParallelSize": 1, "gpuProduct": "NVIDIA-H200"},
         },

@@ -57,7 +57,7 @@ def body(interval: str = "30s", token_ref: dict | None = None, url: str = PROM_U
     return {
         "apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService",
         "metadata": {"name": "svc", "namespace": "ns", "generation": 1},
-        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"},
+        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"}, "router": {"image": "registry.example.com/pd/router:test"},
                  "prefill": {"replicas": 1, "autoscaling": dict(auto)}, "decode": {"replicas": 1, "autoscaling": dict(auto)},
                  "autoscaling": {"prometheus": prom, "interval": interval}},
     }

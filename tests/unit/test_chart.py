@@ -299,7 +299,7 @@ def test_rbac_covers_what_the_operator_touches():
         assert {"get", "list", "watch", "create", "patch", "delete"} <= granted[(group, plural)], plural
     assert {"get", "list", "watch", "patch"} <= granted[("pdserving.io", "pdinferenceservices")]
     assert "patch" in granted[("pdserving.io", "pdinferenceservices/status")]
-    assert granted[("", "events")] == {"create"}
+    assert granted[("", "events")] == {"create", "list"}
     assert {"get", "list", "watch"} <= granted[("", "pods")]
 
 

@@ -118,7 +118,7 @@ def body(namespace: str, url: str) -> dict:
     return {
         "apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService",
         "metadata": {"name": "svc", "namespace": namespace, "generation": 1},
-        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"},
+        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"}, "router": {"image": "registry.example.com/pd/router:test"},
                  "prefill": {"replicas": 1, "autoscaling": dict(auto)}, "decode": {"replicas": 1, "autoscaling": dict(auto)},
                  "autoscaling": {"prometheus": {"url": url}, "interval": "30s"}},
     }

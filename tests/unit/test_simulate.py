@@ -28,6 +28,7 @@ CURRENT = {
     "spec": {
         "model": {"name": "Qwen/Qwen3-8B"},
         "engine": {"kind": "vllm"},
+        "router": {"image": "registry.example.com/pd/router:test"},
         "prefill": {"replicas": 1, "tensorParallelSize": 1,
                     "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 8,
                                     "target": {"metric": "ttft", "quantile": 0.99, "value": "1s"}}},

@@ -110,3 +110,41 @@ def test_scale_reason_and_time_recorded_and_kept():
     assert st["prefill"]["lastScaleTime"] == NOW and "from 1 to 2" in st["prefill"]["lastScaleReason"]
     later = compute_status(svc, Observed({"prefill": sts(2, 2), "decode": sts(1, 1)}, deploy(1, 1), {}), 2, st, "2026-11-30T11:00:00Z")
     assert later["prefill"]["lastScaleTime"] == NOW and "lastScaleTime" not in later["decode"]
+
+
+PSA_MESSAGE = ('create Pod svc-prefill-0 in StatefulSet svc-prefill failed error: pods "svc-prefill-0" is forbidden: '
+               'violates PodSecurity "baseline:latest": non-default capabilities (container "engine" must not include '
+               '"IPC_LOCK" in securityContext.capabilities.add)')
+
+
+def failed_create(message, count=3):
+    return {"type": "Warning", "reason": "FailedCreate", "message": message, "count": count,
+            "involvedObject": {"kind": "StatefulSet", "name": "svc-prefill"},
+            "lastTimestamp": "2026-11-30T09:59:00Z"}
+
+
+def test_pod_security_refusal_of_the_statefulset_says_which_level_and_the_fix():
+    """The StatefulSet controller reports a refused pod create only as a FailedCreate event on the StatefulSet;
+    status carries it with the Pod Security level the namespace needs."""
+    svc = validate_service(minimal(kvTransfer={"rdma": {"resourceName": "rdma/hca", "ibDevices": ["mlx5_0"]}}))
+    empty = {"metadata": {"generation": 1}, "spec": {"replicas": 1}, "status": {"replicas": 0, "observedGeneration": 1}}
+    obs = Observed({"prefill": empty, "decode": sts(1, 1)}, deploy(1, 1), {},
+                   create_failures={"prefill": [failed_create(PSA_MESSAGE)]})
+    c = conds(compute_status(svc, obs, 1, None, NOW))
+    assert c["PrefillReady"]["status"] == "False"
+    assert c["PrefillReady"]["reason"] == "PodSecurityForbidden"
+    msg = c["PrefillReady"]["message"]
+    assert "IPC_LOCK" in msg and "pod-security.kubernetes.io/enforce=privileged" in msg and "kvTransfer.rdma" in msg
+    assert c["Degraded"]["status"] == "True"
+
+
+def test_other_create_failures_are_reported_verbatim():
+    svc = validate_service(minimal())
+    empty = {"metadata": {"generation": 1}, "spec": {"replicas": 1}, "status": {"replicas": 0, "observedGeneration": 1}}
+    quota = 'create Pod svc-prefill-0 in StatefulSet svc-prefill failed error: pods "svc-prefill-0" is forbidden: exceeded quota: gpus'
+    obs = Observed({"prefill": empty, "decode": sts(1, 1)}, deploy(1, 1), {}, create_failures={"prefill": [failed_create(quota)]})
+    c = conds(compute_status(svc, obs, 1, None, NOW))
+    assert c["PrefillReady"]["reason"] == "FailedCreate" and "exceeded quota" in c["PrefillReady"]["message"]
+    # once the pods exist, an old event no longer decides the condition
+    obs = Observed({"prefill": sts(1, 1), "decode": sts(1, 1)}, deploy(1, 1), {}, create_failures={"prefill": [failed_create(quota)]})
+    assert conds(compute_status(svc, obs, 1, None, NOW))["PrefillReady"]["status"] == "True"

@@ -47,10 +47,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [pdserving.io]
   resources: [pdinferenceservices/status]
   verbs: [get, patch]
-# Events on the services (Created, InvalidSpec, ...).
+# Events on the services (Created, InvalidSpec, ...); list: the StatefulSet
+# controller reports a pod create the API server refused (Pod Security, quota)
+# only as a FailedCreate event, which status repeats with the fix.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 # Pods: status and Pending reasons. Also granted onward to each router (RBAC
 # lets the operator create that Role only because it holds these verbs).
 - apiGroups: [""]

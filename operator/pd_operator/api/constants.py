@@ -26,12 +26,16 @@ ENGINE_IMAGES: dict[str, str] = {
     "vllm": "docker.io/vllm/vllm-openai:v{version}",
     "sglang": "docker.io/lmsysorg/sglang:v{version}",
 }
-# Router images: the PyPI router packages on a slim Python base, built from
-# operator/images/router.Dockerfile (see README).
-ROUTER_IMAGES: dict[str, str] = {
-    "vllm-router": "ghcr.io/pd-operator/vllm-router:{version}",
-    "sglang-router": "ghcr.io/pd-operator/sglang-router:{version}",
-}
+# Router images: none is defaulted. No upstream image is known to hold the pinned
+# router's Python launcher (the render runs `python -m <router>.launch_router`):
+# the SGLang engine image builds sgl-router from its own source tree at whatever
+# version that tag carries, and vllm-project/router publishes vllm/vllm-router
+# with the Rust binary as its command (tests/contract/FACTS.md, "Images").
+# spec.router.image is required; this is the recipe the error gives.
+ROUTER_IMAGE_RECIPE = (
+    "docker build -f operator/images/router.Dockerfile --build-arg ROUTER={kind} --build-arg VERSION={version} "
+    "-t <registry>/{kind}:{version} . && docker push <registry>/{kind}:{version}"
+)
 
 # Which KV-transfer backends each engine can use for PD disaggregation.
 ENGINE_BACKENDS: dict[str, tuple[str, ...]] = {

@@ -28,7 +28,7 @@ from .constants import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     KIND,
-    ROUTER_IMAGES,
+    ROUTER_IMAGE_RECIPE,
     ROUTER_VERSIONS,
 )
 from .rules import Rule, cel_list
@@ -720,7 +720,7 @@ class RouterSpec(Base):
     kind: Literal["auto", "vllm-router", "sglang-router"] = Field(
         "auto", description="Router implementation; auto picks vllm-router for vllm and sglang-router for sglang."
     )
-    image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(None, description="Router image. Defaults to the pinned router image of the chosen kind.")
+    image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(None, description="Router image (required): one with the pinned router's Python package installed (vllm-router 0.1.17 or sglang-router 0.3.2), built from operator/images/router.Dockerfile. No published image is defaulted.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy of the router.")
     replicas: int = Field(1, ge=1, le=100, description="Router replicas behind the Service.")
     prefill_policy: RouterPolicy = Field("cache_aware", description="How the router picks a prefill worker.")
@@ -733,8 +733,8 @@ class RouterSpec(Base):
         return DEFAULT_ROUTER[engine_kind] if self.kind == "auto" else self.kind
 
     def effective_image(self, engine_kind: str) -> str:
-        kind = self.effective_kind(engine_kind)
-        return self.image or ROUTER_IMAGES[kind].format(version=ROUTER_VERSIONS[kind])
+        assert self.image is not None, "router.image is required (RouterSpec rule)"
+        return self.image
 
 
 class TopologySpec(Base):
@@ -974,6 +974,14 @@ class PDInferenceServiceSpec(Base):
             message="router.kind must match the engine: vllm-router for vllm, sglang-router for sglang (or auto)",
             check=lambda s: s.router_kind() == DEFAULT_ROUTER[s.engine.kind],
             field_path=".router.kind",
+        ),
+        Rule(
+            cel="has(self.router.image)",
+            message="router.image is required: no published image carries the pinned router's Python launcher. Build "
+            "and push one, then set router.image to it: "
+            + "; ".join(f"for {k}: " + ROUTER_IMAGE_RECIPE.format(kind=k, version=v) for k, v in ROUTER_VERSIONS.items()),
+            check=lambda s: s.router.image is not None,
+            field_path=".router.image",
         ),
         _pool_gpus_rule("prefill"),
         _pool_gpus_rule("decode"),

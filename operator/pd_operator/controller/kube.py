@@ -86,6 +86,12 @@ class Kube:
         out = self._call("GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", sel)])
         return out.get("items", []) if out else []
 
+    def create_failures(self, namespace: str, kind: str, name: str) -> list[dict]:
+        """FailedCreate Warning events of one object (how the StatefulSet controller reports a refused pod)."""
+        sel = f"involvedObject.kind={kind},involvedObject.name={name},reason=FailedCreate"
+        out = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", sel)])
+        return out.get("items", []) if out else []
+
     def cluster_gpu_view(self) -> tuple[list[dict], list[dict]] | None:
         """(nodes, unfinished pods of all namespaces), from the API server's watch
         cache; None when RBAC does not allow it (a namespace-scoped install)."""

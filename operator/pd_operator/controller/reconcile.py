@@ -139,6 +139,8 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         router=kube.get("Deployment", namespace, child_name(svc, "router")),
         pods={role: kube.pods(namespace, selector_labels(svc, role)) for role in ("prefill", "decode", "router")},
         missing_secrets=missing,
+        create_failures={role: kube.create_failures(namespace, "StatefulSet", child_name(svc, role))
+                         for role in ("prefill", "decode")},
         apply_error=apply_error,
         scaled=scaled,
     )

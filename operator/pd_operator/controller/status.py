@@ -35,6 +35,9 @@ class Observed:
     """The last apply failure, if any."""
     scaled: dict[str, str] = field(default_factory=dict)
     """role -> why the operator resized that pool in this reconcile."""
+    create_failures: dict[str, list[dict]] = field(default_factory=dict)
+    """role -> FailedCreate Warning events of that role's StatefulSet. The StatefulSet controller reports a pod
+    the API server refused (Pod Security admission, quota) only as such an event, not in the StatefulSet's status."""
 
 
 def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int | None) -> dict:
@@ -125,13 +128,33 @@ def pool_status(sts: dict | None, pods: list[dict]) -> dict:
     }
 
 
-def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: list[dict], gen: int | None) -> tuple[dict, bool]:
+def create_failure(svc: PDInferenceService, role: str, message: str) -> tuple[str, str]:
+    """(reason, message with the fix) of a pod create the API server refused."""
+    if "violates PodSecurity" in message:
+        rdma = svc.spec.rdma_configured()
+        level = "privileged" if rdma else "baseline"
+        why = ("engine pods with kvTransfer.rdma add the IPC_LOCK capability (RDMA memory registration), which the "
+               "baseline level forbids" if rdma else "the engine images run as root, which the restricted level forbids")
+        fix = (f"label the namespace: kubectl label namespace {svc.metadata.namespace or '<namespace>'} "
+               f"pod-security.kubernetes.io/enforce={level} --overwrite")
+        if rdma:
+            fix += ", or remove kvTransfer.rdma (KV transfer then runs over TCP)"
+        return "PodSecurityForbidden", f"Pod Security admission refuses the {role} pods: {why}; {fix} ({message})"
+    return "FailedCreate", f"the {role} StatefulSet cannot create pods: {message}"
+
+
+def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: list[dict], gen: int | None,
+                    failures: list[dict] | None = None) -> tuple[dict, bool]:
     """(condition, unschedulable)"""
     type_ = "PrefillReady" if role == "prefill" else "DecodeReady"
     if sts is None:
         return condition(type_, False, "NotCreated", f"the {role} StatefulSet does not exist yet", gen), False
     ps = pool_status(sts, pods)
     desired, ready = ps["desiredReplicas"], ps["readyReplicas"]
+    if failures and ps["replicas"] < desired:
+        last = max(failures, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        reason, msg = create_failure(svc, role, last.get("message") or "")
+        return condition(type_, False, reason, msg, gen), False
     pending = _pending(pods)
     if pending:
         pod, msg = pending[0]
@@ -192,7 +215,8 @@ def compute_status(svc: PDInferenceService | None, obs: Observed, generation: in
     unschedulable = False
     status: dict = {"observedGeneration": gen}
     for role in ROLES:
-        cond, unsched = _pool_condition(svc, role, obs.statefulsets.get(role), obs.pods.get(role, []), gen)
+        cond, unsched = _pool_condition(svc, role, obs.statefulsets.get(role), obs.pods.get(role, []), gen,
+                                        obs.create_failures.get(role))
         unschedulable |= unsched
         conds.append(cond)
         ps = pool_status(obs.statefulsets.get(role), obs.pods.get(role, []))
@@ -209,6 +233,9 @@ def compute_status(svc: PDInferenceService | None, obs: Observed, generation: in
         degraded.append(("SecretNotFound", "; ".join(f"{f}: {m}" for f, m in obs.missing_secrets)))
     if obs.apply_error:
         degraded.append(("ApplyFailed", obs.apply_error))
+    for c in conds:
+        if c["reason"] in ("PodSecurityForbidden", "FailedCreate"):
+            degraded.append((c["reason"], c["message"]))
     if unschedulable:
         degraded.append(("Unschedulable", next(c["message"] for c in conds if c["reason"] == "Unschedulable")))
     rolling = [role for role in ROLES if _rolling(obs.statefulsets.get(role))]

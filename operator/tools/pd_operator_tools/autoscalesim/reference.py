@@ -26,7 +26,7 @@ def reference_manifest(max_per_pool: int = MAX_PER_POOL, budget: int = BUDGET) -
     return {
         "apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService",
         "metadata": {"name": "autoscale-bench", "namespace": "bench"},
-        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"},
+        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"}, "router": {"image": "registry.example.com/pd/router:test"},
                  "prefill": json.loads(json.dumps(pool)), "decode": json.loads(json.dumps(pool)),
                  "autoscaling": {"prometheus": {"url": "http://prometheus.monitoring.svc:9090"},
                                  "interval": f"{INTERVAL:g}s", "maxTotalGPUs": budget}},
