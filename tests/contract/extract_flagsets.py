@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as _dt
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -70,6 +71,34 @@ DISTRIBUTIONS = {
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "operator" / "pd_operator" / "render" / "engines" / "flagsets"
+
+# The engine and router modules the extractors below import by name to build
+# each parser and read its facts, relative to site-packages. Every extraction
+# records their sha256, with the sha256 of the snapshot it wrote, in
+# SOURCES_MANIFEST; tests/contract/test_flagset_sources.py recomputes them from
+# the pinned wheels (no engine install), so a snapshot that was not extracted
+# from the pinned release, or was edited afterwards, fails CI. A test keeps this
+# list equal to the imports of this file.
+PARSER_SOURCES: dict[str, tuple[str, ...]] = {
+    "vllm": (
+        "vllm/__init__.py",
+        "vllm/entrypoints/common/cli_args.py",      # make_arg_parser, FrontendArgs
+        "vllm/engine/arg_utils.py",                 # EngineArgs.add_cli_args
+        "vllm/utils/argparse_utils.py",             # FlexibleArgumentParser (argv rewriting)
+        "vllm/config/kv_transfer.py",               # KVTransferConfig
+        "vllm/distributed/kv_transfer/kv_connector/factory.py",  # the connector registry
+        "vllm/envs.py",                             # declared environment variables
+    ),
+    "sglang": (
+        "sglang/__init__.py",
+        "sglang/srt/server_args.py",                # prepare_server_args, ServerArgs.add_cli_args
+        "sglang/srt/environ.py",                    # Envs
+        "sglang/srt/arg_groups/choices.py",         # DISAGG_TRANSFER_BACKEND_CHOICES
+    ),
+    "vllm-router": ("vllm_router/launch_router.py", "vllm_router/router_args.py"),
+    "sglang-router": ("sglang_router/launch_router.py", "sglang_router/router_args.py"),
+}
+SOURCES_MANIFEST = REPO_ROOT / "tests" / "contract" / "flagset_sources.json"
 
 # Environment-variable names read in source, e.g. os.getenv("FOO"),
 # os.environ["FOO"], os.environ.get("FOO"), get_bool_env_var("FOO").
@@ -774,6 +803,36 @@ def write_snapshot(data: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_entry(component: str, version: str, site: Path, snapshot: Path) -> dict[str, Any]:
+    """What SOURCES_MANIFEST says of one extraction: the version, the snapshot
+    written and its sha256, and the sha256 of each of PARSER_SOURCES under
+    ``site`` (the site-packages the extraction imported from)."""
+    return {
+        "version": version,
+        "snapshot": snapshot.name,
+        "snapshot_sha256": sha256_file(snapshot),
+        "sources": {rel: sha256_file(site / rel) for rel in PARSER_SOURCES[component]},
+    }
+
+
+def write_source_entry(component: str, entry: dict[str, Any], manifest: Path) -> None:
+    data = json.loads(manifest.read_text()) if manifest.exists() else {}
+    data[component] = entry
+    manifest.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def installed_site(component: str) -> Path:
+    """The site-packages directory the component is imported from."""
+    top = PARSER_SOURCES[component][0].split("/")[0]
+    spec = importlib.util.find_spec(top)
+    assert spec is not None and spec.origin, top
+    return Path(spec.origin).resolve().parent.parent
+
+
 # --------------------------------------------------------------------------
 # Probe mode: ask the live parser whether it accepts argument lists
 # --------------------------------------------------------------------------
@@ -842,10 +901,12 @@ def main(argv: list[str] | None = None) -> int:
         results = {comp: probe(comp, cases[comp] if isinstance(cases, dict) else cases) for comp in ns.components}
         print(json.dumps(results))
         return 0
+    manifest = SOURCES_MANIFEST if ns.out == DEFAULT_OUT else ns.out / SOURCES_MANIFEST.name
     for comp in ns.components:
         data = EXTRACTORS[comp]()
         path = write_snapshot(data, ns.out)
-        print(f"{comp} {data['version']}: {len(data['parser']['actions'])} actions -> {path}")
+        write_source_entry(comp, source_entry(comp, data["version"], installed_site(comp), path), manifest)
+        print(f"{comp} {data['version']}: {len(data['parser']['actions'])} actions -> {path} (sources: {manifest})")
     return 0
 
 

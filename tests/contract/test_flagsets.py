@@ -545,6 +545,10 @@ def test_snapshot_matches_live_parser(component, tmp_path):
     strip = lambda d: {k: v for k, v in d.items() if k not in volatile}  # noqa: E731
     assert strip(live)["parser"] == strip(committed)["parser"], "re-run extract_flagsets.py and review the diff"
     assert strip(live) == strip(committed), "snapshot facts drifted; re-run extract_flagsets.py"
+    # the sources the live extraction imported are the ones recorded for CI (test_flagset_sources.py)
+    live_sources = json.loads((tmp_path / "flagset_sources.json").read_text())[component]["sources"]
+    recorded = json.loads((ROOT / "tests" / "contract" / "flagset_sources.json").read_text())[component]["sources"]
+    assert live_sources == recorded, "re-run extract_flagsets.py: the recorded source hashes are not the installed ones"
 
     # the loader's verdicts agree with the live parser's
     cases = tmp_path / "cases.json"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -181,3 +186,109 @@ def router_python() -> Path:
 @pytest.fixture(scope="session")
 def router_py() -> Path:
     return router_python()
+
+
+# --------------------------------------------------------------------------
+# Real Prometheus scraping targets on loopback
+# --------------------------------------------------------------------------
+
+
+def scraped(url: str, targets: int, timeout: float = 30.0, samples: int = 2, window: str = "1m") -> None:
+    """Wait until Prometheus has scraped every target at least ``samples`` times within ``window``."""
+    deadline = time.monotonic() + timeout
+    q = f"count_over_time(up[{window}]) >= {samples}"
+    while time.monotonic() < deadline:
+        body = json.loads(get(url + "/api/v1/query?" + urllib.parse.urlencode({"query": q}))[1])
+        if len(body["data"]["result"]) >= targets:
+            return
+        time.sleep(0.5)
+    raise TimeoutError("Prometheus did not scrape the targets")
+
+
+def start_prometheus(procs, tmp_path, jobs: dict[str, list[tuple[str, int, dict]]]) -> str:
+    """Prometheus scraping every second: job -> [(host, port, labels)]; its URL once ready."""
+    from tests.conftest import prometheus_binary
+
+    binary = prometheus_binary()
+    if binary is None:
+        pytest.skip("needs prometheus (tests/run.sh builds it)")
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
+        {"job_name": job, "static_configs": [{"targets": [f"{host}:{port}"], "labels": labels} for host, port, labels in targets]}
+        for job, targets in jobs.items()]}
+    path = tmp_path / "prometheus.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    host = loopback_host()
+    port = free_port(host)
+    procs.start([binary, f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                 f"--web.listen-address={host}:{port}"])
+    url = f"http://{host}:{port}"
+    wait_http(url + "/-/ready", timeout=30)
+    scraped(url, sum(len(t) for t in jobs.values()))  # samples before the load: rate() needs the counter's start
+    return url
+
+
+def query(url: str, promql: str) -> list[dict]:
+    """An instant query's result vector (raises on an error answer)."""
+    status, text = get(url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    body = json.loads(text)
+    assert status == 200 and body["status"] == "success", (promql, text)
+    return body["data"]["result"]
+
+
+class Exporter:
+    """A metrics page on loopback whose samples the test writes.
+
+    ``page(scrape, elapsed)`` returns ``{series: value}`` (``'name{le="0.1"}'``)
+    for the ``scrape``-th request (from 1), ``elapsed`` seconds after the
+    exporter started: a counter written as ``slope * elapsed`` grows at
+    exactly ``slope`` per second whenever Prometheus scrapes it, so
+    ``rate()`` over it is ``slope`` whatever the scrape times were.
+    """
+
+    def __init__(self, page: Callable[[int, float], dict[str, float]]):
+        self.page, self.scrapes, self.t0 = page, 0, time.monotonic()
+        self.first_scrape: float | None = None
+        lock = threading.Lock()
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                now = time.monotonic()
+                with lock:
+                    exporter.scrapes += 1
+                    n = exporter.scrapes
+                    if exporter.first_scrape is None:
+                        exporter.first_scrape = now
+                lines = [f"{k} {v!r}" for k, v in exporter.page(n, now - exporter.t0).items()]
+                data = ("\n".join(lines) + "\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.host = loopback_host()
+        self.server = ThreadingHTTPServer((self.host, 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def exporters():
+    """Exporter(page) factory; every exporter is closed afterwards."""
+    made: list[Exporter] = []
+
+    def make(page):
+        made.append(Exporter(page))
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.close()

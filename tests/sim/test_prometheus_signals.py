@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +11,7 @@ import pytest
 
 from pd_operator.autoscale.signals import PrometheusSignals
 from tests.conftest import prometheus_binary
-from tests.sim.conftest import free_port, get, loopback_host, metric, parse_metrics, wait_http
+from tests.sim.conftest import free_port, get, loopback_host, metric, parse_metrics, start_prometheus
 
 PROMETHEUS = prometheus_binary()
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs prometheus (tests/run.sh builds it)")
@@ -25,18 +24,6 @@ def complete(url: str, n: int, max_tokens: int = 8, first: int = 0) -> None:
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.status == 200
-
-
-def scraped(url: str, targets: int, timeout: float = 30.0) -> None:
-    """Wait until Prometheus has scraped every target at least twice."""
-    deadline = time.monotonic() + timeout
-    q = "count_over_time(up[1m]) >= 2"
-    while time.monotonic() < deadline:
-        body = json.loads(get(url + "/api/v1/query?" + urllib.parse.urlencode({"query": q}))[1])
-        if len(body["data"]["result"]) >= targets:
-            return
-        time.sleep(0.5)
-    raise TimeoutError("Prometheus did not scrape the targets")
 
 
 def bucket_bounds(metrics_text: str, name: str, q: float) -> tuple[float, float]:
@@ -52,23 +39,6 @@ def bucket_bounds(metrics_text: str, name: str, q: float) -> tuple[float, float]
             return prev, le
         prev = le
     raise AssertionError("empty histogram")
-
-
-def start_prometheus(procs, tmp_path, jobs: dict[str, list[tuple[str, int, dict]]]) -> str:
-    """Prometheus scraping every second: job -> [(host, port, labels)]; its URL once ready."""
-    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
-        {"job_name": job, "static_configs": [{"targets": [f"{host}:{port}"], "labels": labels} for host, port, labels in targets]}
-        for job, targets in jobs.items()]}
-    path = tmp_path / "prometheus.yml"
-    path.write_text(json.dumps(config))  # JSON is YAML
-    host = loopback_host()
-    port = free_port(host)
-    procs.start([PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                 f"--web.listen-address={host}:{port}"])
-    url = f"http://{host}:{port}"
-    wait_http(url + "/-/ready", timeout=30)
-    scraped(url, sum(len(t) for t in jobs.values()))  # samples before the load: rate() needs the counter's start
-    return url
 
 
 def engine_labels(service: str, role: str) -> dict:

@@ -1,35 +1,17 @@
-"""The autoscaler's PromQL: one query per signal for all services, and the
-reading of results (idle is 0, absent is no data)."""
+"""The reading of the autoscaler's query results (idle is 0, absent is no data).
+
+What the queries themselves return is tested against real Prometheus in
+tests/sim/test_promql_results.py."""
 
 from __future__ import annotations
 
 import math
 
-from pd_operator.autoscale.promql import (
-    Observation,
-    by_service,
-    demand_query,
-    latency_queries,
-    mean_length_query,
-    observations,
-    pool_queries,
-    secondary_query,
-)
+from pd_operator.autoscale.promql import Observation, by_service, observations
 
 
 def series(ns, svc, v):
     return {"metric": {"namespace": ns, "pdserving_io_service": svc}, "value": [1.0, str(v)]}
-
-
-def test_one_query_per_signal_grouped_by_service():
-    q, rate = latency_queries("vllm", "prefill", 0.99)
-    assert q.promql == ('histogram_quantile(0.99, sum by (namespace, pdserving_io_service, le) '
-                        '(rate(vllm:time_to_first_token_seconds_bucket{pdserving_io_role="prefill"}[1m])))')
-    assert rate.promql == 'sum by (namespace, pdserving_io_service) (rate(vllm:time_to_first_token_seconds_count{pdserving_io_role="prefill"}[1m]))'
-    dq, _ = latency_queries("sglang", "decode", 0.95, window="2m")
-    assert "sglang:inter_token_latency_seconds_bucket" in dq.promql and "[2m]" in dq.promql and "0.95" in dq.promql
-    assert "vllm:prompt_tokens_total" in demand_query("vllm", "prefill").promql
-    assert "rate(sglang:generation_tokens_total" in demand_query("sglang", "decode").promql
 
 
 def test_results_by_service_idle_and_missing():
@@ -45,33 +27,6 @@ def test_results_by_service_idle_and_missing():
 
 def test_series_without_our_labels_are_ignored():
     assert by_service([{"metric": {"job": "x"}, "value": [1, "1"]}, {"metric": {}, "value": []}]) == {}
-
-
-def test_mean_lengths_are_token_rate_over_request_rate_of_the_pods_that_see_them():
-    isl = mean_length_query("vllm", "mean_isl")
-    assert isl.promql == ('sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_total{pdserving_io_role="prefill"}[1m])) '
-                          '/ sum by (namespace, pdserving_io_service) (rate(vllm:time_to_first_token_seconds_count{pdserving_io_role="prefill"}[1m]))')
-    osl = mean_length_query("sglang", "mean_osl", window="2m")
-    assert osl.promql == ('sum by (namespace, pdserving_io_service) (rate(sglang:generation_tokens_total{pdserving_io_role="decode"}[2m])) '
-                          '/ sum by (namespace, pdserving_io_service) (rate(sglang:e2e_request_latency_seconds_count{pdserving_io_role="decode"}[2m]))')
-
-
-def test_secondary_signals_are_per_replica_averages_of_the_engine_gauges():
-    assert secondary_query("vllm", "prefill", "queueDepth").promql == (
-        'avg by (namespace, pdserving_io_service) (avg_over_time(vllm:num_requests_waiting{pdserving_io_role="prefill"}[1m]))')
-    assert secondary_query("sglang", "decode", "queueDepth").promql.count("sglang:num_queue_reqs{pdserving_io_role=\"decode\"}") == 1
-    assert "avg_over_time(sglang:token_usage{" in secondary_query("sglang", "decode", "kvCacheUsage").promql
-    assert "avg_over_time(vllm:kv_cache_usage_perc{" in secondary_query("vllm", "decode", "kvCacheUsage").promql
-
-
-def test_pool_queries_ask_for_secondaries_only_when_wanted():
-    assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"}
-    decode = pool_queries("vllm", "decode", 0.99, secondaries={"kvCacheUsage", "queueDepth"})
-    assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage"}
-    assert decode["queue"] == secondary_query("vllm", "decode", "queueDepth")
-    assert decode["mean_isl"].promql == mean_length_query("vllm", "mean_isl").promql  # ISL from the prefill pods
-    for q in decode.values():  # one query per signal for all services
-        assert "by (namespace, pdserving_io_service" in q.promql
 
 
 def test_extra_results_fill_the_observation_and_nan_is_no_data():

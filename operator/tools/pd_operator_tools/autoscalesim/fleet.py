@@ -132,9 +132,11 @@ def histogram_quantile(q: float, bounds, delta: list[float]) -> float:
         return float("nan")
     rank, acc = q * total, 0.0
     for i, x in enumerate(delta):
-        if acc + x >= rank and x > 0:
+        if acc + x >= rank:  # the first bucket whose cumulative count reaches the rank, empty or not
             if i >= len(bounds):
                 return bounds[-1]
+            if x == 0:  # only q == 0 with the first bucket empty: Prometheus' 0/0
+                return float("nan")
             lo = bounds[i - 1] if i > 0 else 0.0
             return lo + (bounds[i] - lo) * (rank - acc) / x
         acc += x

@@ -1,0 +1,175 @@
+"""What the autoscaler's queries return from real Prometheus, on series whose
+values the test writes.
+
+Each "pod" is an :class:`~tests.sim.conftest.Exporter` serving engine metrics
+(vLLM or SGLang names) whose counters grow at rates fixed below; Prometheus
+scrapes them with the pod labels the engine scrape job gives
+(``namespace``, ``pdserving_io_service``, ``pdserving_io_role``), and
+:class:`PrometheusSignals` runs the autoscaler's PromQL. The expected numbers
+are worked out by hand from those rates (the arithmetic is in the asserts), so
+a query that groups, filters, aggregates or divides the wrong series gives a
+different number. The PromQL strings themselves are not pinned: any query
+that returns the right numbers is right.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from pd_operator.autoscale.signals import PrometheusSignals
+from tests.conftest import prometheus_binary
+from tests.sim.conftest import Exporter, Procs, start_prometheus
+
+pytestmark = pytest.mark.skipif(prometheus_binary() is None, reason="needs prometheus (tests/run.sh builds it)")
+
+WINDOW = "8s"
+INF = math.inf
+
+
+def histogram(name: str, rates: dict[float, float], elapsed: float) -> dict[str, float]:
+    """``name`` as a classic histogram whose buckets grow at ``rates`` (per
+    bucket, not cumulative; observations per second) since the exporter started.
+    A constant offset keeps the counters far from zero (no rate() extrapolation
+    to zero)."""
+    out, cum = {}, 0.0
+    for le in sorted(rates):
+        cum += rates[le]
+        out[f'{name}_bucket{{le="{"+Inf" if le == INF else le}"}}'] = 1000.0 + cum * elapsed
+    out[f"{name}_count"] = 1000.0 + cum * elapsed
+    out[f"{name}_sum"] = 500.0 + cum * elapsed * 0.1
+    return out
+
+
+def counter(name: str, rate: float, elapsed: float) -> dict[str, float]:
+    return {name: 1000.0 + rate * elapsed}
+
+
+def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished=0.0, waiting=0.0, kv=0.0):
+    """The metrics page of one engine pod: latency histograms (bucket rates),
+    token counters and finished requests (per second), and gauges."""
+    waiting_gauge, kv_gauge = {"vllm": ("num_requests_waiting", "kv_cache_usage_perc"),
+                               "sglang": ("num_queue_reqs", "token_usage")}[engine]
+
+    def page(_scrape: int, elapsed: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        out.update(histogram(f"{engine}:time_to_first_token_seconds", ttft or {INF: 0.0}, elapsed))
+        out.update(histogram(f"{engine}:inter_token_latency_seconds", itl or {INF: 0.0}, elapsed))
+        out.update(histogram(f"{engine}:e2e_request_latency_seconds", {INF: finished}, elapsed))
+        out.update(counter(f"{engine}:prompt_tokens_total", prompt, elapsed))
+        out.update(counter(f"{engine}:generation_tokens_total", generated, elapsed))
+        out[f"{engine}:{waiting_gauge}"] = waiting
+        out[f"{engine}:{kv_gauge}"] = kv
+        return out
+
+    return page
+
+
+# (namespace, service, role) -> pages of its pods
+PODS = {
+    # vLLM, two prefill pods and one decode pod of team-a/busy
+    ("team-a", "busy", "prefill"): [
+        pod("vllm", ttft={0.1: 1, 0.5: 2, 1.0: 1, INF: 0}, prompt=4000, waiting=2, kv=0.25),
+        pod("vllm", ttft={0.1: 0, 0.5: 1, 1.0: 1, INF: 0}, prompt=2000, waiting=6, kv=0.75),
+    ],
+    ("team-a", "busy", "decode"): [
+        # A decode pod reports TTFTs and prompt tokens too (its own view of the
+        # requests): they must not enter the prefill quantile nor the ISL.
+        pod("vllm", ttft={0.1: 50, 0.5: 0, 1.0: 0, INF: 0}, itl={0.025: 0, 0.05: 10, 0.1: 10, INF: 0},
+            prompt=9999, generated=500, finished=2, waiting=1, kv=0.5),
+    ],
+    # vLLM, idle: every counter flat
+    ("team-a", "idle", "prefill"): [pod("vllm", ttft={0.1: 0, 0.5: 0, 1.0: 0, INF: 0})],
+    # the same service name in another namespace is another service
+    ("team-b", "busy", "prefill"): [pod("vllm", ttft={0.1: 5, 0.5: 0, 1.0: 0, INF: 0}, prompt=500, waiting=9, kv=0.1)],
+    # SGLang
+    ("team-a", "sg", "prefill"): [pod("sglang", ttft={0.25: 0, 0.5: 3, 1.0: 1, INF: 0}, prompt=8000, waiting=5, kv=0.3)],
+    ("team-a", "sg", "decode"): [pod("sglang", itl={0.02: 4, 0.04: 4, INF: 0}, generated=300, finished=1.5,
+                                     waiting=3, kv=0.9)],
+}
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    procs, exporters = Procs(), []
+    try:
+        targets = []
+        for (ns, svc, role), pages in PODS.items():
+            for page in pages:
+                e = Exporter(page)
+                exporters.append(e)
+                targets.append((e.host, e.port, {"namespace": ns, "pdserving_io_service": svc, "pdserving_io_role": role}))
+        url = start_prometheus(procs, tmp_path_factory.mktemp("prom"), {"engines": targets})
+        # rate() over WINDOW is the written rate once the samples cover the whole window
+        covered = max(e.first_scrape for e in exporters) + float(WINDOW[:-1]) + 2.0
+        time.sleep(max(0.0, covered - time.monotonic()))
+        yield PrometheusSignals(url)
+    finally:
+        procs.stop()
+        for e in exporters:
+            e.close()
+
+
+SECONDARIES = {"queueDepth", "kvCacheUsage"}
+approx = lambda x: pytest.approx(x, rel=0.02)  # noqa: E731 - scrape timing jitter only
+
+
+def test_vllm_prefill(prom):
+    obs = prom.pool("vllm", "prefill", 0.99, window=WINDOW, secondaries=SECONDARIES)
+    busy = obs[("team-a", "busy")]
+    # both prefill pods' buckets summed: (0,0.1] 1/s, (0.1,0.5] 3/s, (0.5,1] 2/s; 6/s in all.
+    # rank 0.99 x 6 = 5.94 lies in (0.5,1], 4 below it, 2 in it.
+    assert busy.observed == approx(0.5 + (1.0 - 0.5) * (0.99 * 6 - 4) / 2)
+    assert busy.demand == approx(4000 + 2000)              # prompt tokens/s of the prefill pods
+    assert busy.mean_isl == approx((4000 + 2000) / (4 + 2))  # prompt tokens per prefill request
+    assert busy.mean_osl is None                           # prefill capacity does not need it: not asked
+    assert busy.queue == approx((2 + 6) / 2)               # per replica
+    assert busy.kv_usage == approx((0.25 + 0.75) / 2)
+    # team-b/busy: its own pod only. (0,0.1] holds all 5/s: 0.1 x 0.99.
+    other = obs[("team-b", "busy")]
+    assert other.observed == approx(0.1 * 0.99)
+    assert (other.demand, other.mean_isl, other.queue, other.kv_usage) == (approx(500), approx(100), approx(9), approx(0.1))
+    # idle: the request rate is 0, so latency 0 (a real signal); a length over no requests is no data
+    idle = obs[("team-a", "idle")]
+    assert (idle.observed, idle.demand, idle.mean_isl, idle.queue, idle.kv_usage) == (0.0, 0.0, None, 0.0, 0.0)
+    # a service with no series has no observation at all (hold), and only prefill pods count here
+    assert set(obs) == {("team-a", "busy"), ("team-b", "busy"), ("team-a", "idle")}
+
+
+def test_the_quantile_asked_for(prom):
+    busy = prom.pool("vllm", "prefill", 0.5, window=WINDOW)[("team-a", "busy")]
+    # rank 0.5 x 6 = 3 lies in (0.1,0.5], 1 below it, 3 in it
+    assert busy.observed == approx(0.1 + (0.5 - 0.1) * (0.5 * 6 - 1) / 3)
+
+
+def test_vllm_decode(prom):
+    obs = prom.pool("vllm", "decode", 0.99, window=WINDOW, secondaries=SECONDARIES)
+    busy = obs[("team-a", "busy")]
+    # ITL buckets (0.025,0.05] 10/s, (0.05,0.1] 10/s: rank 19.8 lies in (0.05,0.1], 10 below it
+    assert busy.observed == approx(0.05 + (0.1 - 0.05) * (0.99 * 20 - 10) / 10)
+    assert busy.demand == approx(500)            # generated tokens/s of the decode pods
+    assert busy.mean_osl == approx(500 / 2)      # generated tokens per finished request
+    assert busy.mean_isl == approx(6000 / 6)     # ISL from the prefill pods, not the decode pod's 9999/s
+    assert (busy.queue, busy.kv_usage) == (approx(1), approx(0.5))
+    assert set(obs) == {("team-a", "busy")}
+
+
+def test_without_secondaries_they_are_not_read(prom):
+    busy = prom.pool("vllm", "decode", 0.99, window=WINDOW)[("team-a", "busy")]
+    assert busy.observed is not None and (busy.queue, busy.kv_usage) == (None, None)
+
+
+def test_sglang(prom):
+    pre = prom.pool("sglang", "prefill", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg")]
+    # (0.25,0.5] 3/s, (0.5,1] 1/s: rank 3.96 lies in (0.5,1], 3 below it
+    assert pre.observed == approx(0.5 + 0.5 * (0.99 * 4 - 3) / 1)
+    assert (pre.demand, pre.mean_isl, pre.queue, pre.kv_usage) == (approx(8000), approx(8000 / 4), approx(5), approx(0.3))
+    dec = prom.pool("sglang", "decode", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg")]
+    # (0,0.02] 4/s, (0.02,0.04] 4/s: rank 7.92 lies in (0.02,0.04], 4 below it
+    assert dec.observed == approx(0.02 + 0.02 * (0.99 * 8 - 4) / 4)
+    assert (dec.demand, dec.mean_osl, dec.mean_isl) == (approx(300), approx(300 / 1.5), approx(2000))
+    assert (dec.queue, dec.kv_usage) == (approx(3), approx(0.9))
+    # vLLM's series are not SGLang's
+    assert ("team-a", "busy") not in prom.pool("sglang", "prefill", 0.99, window=WINDOW)

@@ -1,0 +1,308 @@
+"""The reconciler in process, on an in-memory cluster behind the Kube facade
+(tests/fakekube.py): who writes the pools' replicas, what status says when
+the API server refuses a child, pruning, and the coalescing of concurrent
+reconcile requests (controller/handlers.py). The same flows on a real API
+server are tests/integration/test_operator.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pd_operator.controller import handlers
+from pd_operator.controller.kube import AUTOSCALER_MANAGER, FIELD_MANAGER, REPLICAS_MANAGER
+from pd_operator.controller.reconcile import reconcile
+from tests.fakekube import FakeCluster, FakeKube
+
+NS = "ns"
+EXPECTED = {
+    ("Service", "svc-prefill"), ("StatefulSet", "svc-prefill"), ("PodDisruptionBudget", "svc-prefill"),
+    ("Service", "svc-decode"), ("StatefulSet", "svc-decode"), ("PodDisruptionBudget", "svc-decode"),
+    ("ServiceAccount", "svc-router"), ("Role", "svc-router"), ("RoleBinding", "svc-router"),
+    ("Deployment", "svc-router"), ("Service", "svc-router"), ("NetworkPolicy", "svc-engines"),
+}
+
+
+def body(name: str = "svc", **spec) -> dict:
+    out = {
+        "apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"},
+                 "prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+    }
+    out["spec"].update(spec)
+    return out
+
+
+class Events(list):
+    def __call__(self, _body, type_, reason, message):
+        self.append((type_, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [r for _, r, _ in self]
+
+
+@pytest.fixture
+def cluster():
+    return FakeCluster()
+
+
+@pytest.fixture
+def kube(cluster):
+    return FakeKube(cluster)
+
+
+def run(kube: FakeKube, name: str = "svc", events: Events | None = None) -> dict:
+    """One reconcile of the stored service, as a handler runs it."""
+    return reconcile(kube, kube.get_service(NS, name), events if events is not None else Events())
+
+
+def replicas(cluster: FakeCluster, role: str) -> int:
+    return cluster.get("StatefulSet", NS, f"svc-{role}")["spec"]["replicas"]
+
+
+def status(cluster: FakeCluster, name: str = "svc") -> dict:
+    return cluster.get("PDInferenceService", NS, name)["status"]
+
+
+def conditions(cluster: FakeCluster, name: str = "svc") -> dict[str, dict]:
+    return {c["type"]: c for c in status(cluster, name)["conditions"]}
+
+
+# --------------------------------------------------------------------------
+# who writes replicas
+# --------------------------------------------------------------------------
+
+
+def test_the_replicas_writer_owns_replicas_and_the_main_apply_never_carries_them(cluster, kube):
+    cluster.apply_service(body(prefill={"replicas": 2}))
+    events = Events()
+    run(kube, events=events)
+    assert cluster.kinds(NS) >= EXPECTED
+    assert "Created" in events.reasons()
+    for role, n in (("prefill", 2), ("decode", 1)):
+        assert replicas(cluster, role) == n
+        # created by the main apply, sized by the replicas writer: both own the size for now
+        assert REPLICAS_MANAGER in cluster.owners("StatefulSet", NS, f"svc-{role}", "spec", "replicas")
+    run(kube)  # the pools exist now: the main apply leaves replicas out, and gives them up
+    for role in ("prefill", "decode"):
+        assert "replicas" not in cluster.applied_by("StatefulSet", NS, f"svc-{role}", FIELD_MANAGER)["spec"]
+        assert cluster.owners("StatefulSet", NS, f"svc-{role}", "spec", "replicas") == {REPLICAS_MANAGER}
+
+
+def test_spec_replicas_win_over_a_hand_scale(cluster, kube):
+    """Autoscaling off and spec.<pool>.replicas set: the spec is the writer."""
+    cluster.apply_service(body(prefill={"replicas": 2}))
+    run(kube)
+    cluster.put({"kind": "StatefulSet", "metadata": {"name": "svc-prefill", "namespace": NS}, "spec": {"replicas": 5}},
+                manager="kubectl")
+    events = Events()
+    run(kube, events=events)
+    assert replicas(cluster, "prefill") == 2
+    assert ("Normal", "Scaled", "prefill pool scaled from 5 to 2 replicas: spec.prefill.replicas is 2") in events
+    assert status(cluster)["prefill"]["lastScaleReason"] == "prefill pool scaled from 5 to 2 replicas: spec.prefill.replicas is 2"
+
+
+AUTO = {"enabled": True, "minReplicas": 1, "maxReplicas": 4}
+
+
+def test_an_autoscaled_pool_keeps_the_autoscalers_size_within_bounds(cluster, kube):
+    cluster.apply_service(body(prefill={"autoscaling": AUTO}))
+    run(kube)
+    assert replicas(cluster, "prefill") == 1  # created at minReplicas
+    kube.apply_replicas("StatefulSet", NS, "svc-prefill", 3)  # the autoscaler's decision
+    events = Events()
+    run(kube, events=events)
+    assert replicas(cluster, "prefill") == 3 and "Scaled" not in events.reasons()
+    cluster.apply_service(body(prefill={"autoscaling": {**AUTO, "maxReplicas": 2}}))
+    run(kube, events=events)
+    assert replicas(cluster, "prefill") == 2
+    assert ("Normal", "Scaled", "prefill pool scaled from 3 to 2 replicas: kept within "
+                                "autoscaling.minReplicas..maxReplicas (1..2)") in events
+
+
+def test_a_scale_between_the_read_and_the_apply_is_not_undone(cluster, kube):
+    """The reconciler reads the pool's size, then applies; the autoscaler scales in
+    between. The main apply carries no replicas, so it cannot put the old size back."""
+    cluster.apply_service(body(prefill={"autoscaling": AUTO}))
+    run(kube)
+    kube.apply_replicas("StatefulSet", NS, "svc-prefill", 2)
+    done = []
+
+    def autoscaler_scales_first(method, path, _body, params):
+        if (method == "PATCH" and path.endswith("/statefulsets/svc-prefill")
+                and params.get("fieldManager") == FIELD_MANAGER and not done):
+            done.append(True)
+            cluster.put({"kind": "StatefulSet", "metadata": {"name": "svc-prefill", "namespace": NS},
+                         "spec": {"replicas": 3}}, manager=REPLICAS_MANAGER)
+
+    cluster.hooks.append(autoscaler_scales_first)
+    run(kube)
+    assert done and replicas(cluster, "prefill") == 3
+
+
+# --------------------------------------------------------------------------
+# apply errors and prune
+# --------------------------------------------------------------------------
+
+
+def managed_config_map(service: str, name: str, managed: bool = True) -> dict:
+    labels = {"pdserving.io/service": service}
+    if managed:
+        labels["app.kubernetes.io/managed-by"] = FIELD_MANAGER
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "data": {"k": "v"}}
+
+
+def test_a_refused_child_is_named_in_status_and_nothing_is_pruned(cluster, kube):
+    cluster.apply_service(body())
+    cluster.put(managed_config_map("svc", "svc-leftover"))  # would be pruned by a successful reconcile
+    cluster.refuse("NetworkPolicy", "svc-engines", 422, "Unprocessable Entity",
+                   'NetworkPolicy.networking.k8s.io "svc-engines" is invalid: spec.ingress[0]: bad port')
+    events = Events()
+    with pytest.raises(RuntimeError, match="NetworkPolicy/svc-engines"):
+        run(kube, events=events)
+    c = conditions(cluster)
+    for cond in (c["Ready"], c["Degraded"]):
+        assert cond["reason"] == "ApplyFailed"
+        assert "applying NetworkPolicy/svc-engines failed: 422" in cond["message"]
+        assert "spec.ingress[0]: bad port" in cond["message"]
+    assert c["Ready"]["status"] == "False" and c["Degraded"]["status"] == "True"
+    assert ("Warning", "ApplyFailed") in [(t, r) for t, r, _ in events]
+    assert ("ConfigMap", "svc-leftover") in cluster.kinds(NS)
+    assert ("StatefulSet", "svc-prefill") in cluster.kinds(NS)  # the children before it were applied
+
+    del cluster.refused[("NetworkPolicy", "svc-engines")]
+    run(kube)
+    assert conditions(cluster)["Degraded"]["reason"] != "ApplyFailed"
+    assert ("ConfigMap", "svc-leftover") not in cluster.kinds(NS)
+
+
+def test_children_no_longer_rendered_are_pruned_and_only_those(cluster, kube):
+    cluster.apply_service(body(kvTransfer={"backend": "lmcache"}))
+    run(kube)
+    assert ("ConfigMap", "svc-config") in cluster.kinds(NS)  # LMCache's config file
+    cluster.put(managed_config_map("svc", "users-own", managed=False))   # labelled for the service, not ours
+    cluster.put(managed_config_map("other", "other-config"))            # ours, another service's
+    cluster.apply_service(body(kvTransfer={"backend": "nixl"}))
+    events = Events()
+    run(kube, events=events)
+    names = cluster.kinds(NS)
+    assert ("ConfigMap", "svc-config") not in names
+    assert {("ConfigMap", "users-own"), ("ConfigMap", "other-config")} <= names
+    assert names >= EXPECTED
+    assert ("Normal", "Pruned", "deleted ConfigMap/svc-config: the spec no longer needs it") in events
+
+
+def test_an_invalid_spec_is_reported_and_nothing_is_applied(cluster, kube):
+    cluster.apply_service(body(kvTransfer={"backend": "mooncake"}, prefill={"replicas": 1, "tensorParallelSize": 2}))
+    events = Events()
+    run(kube, events=events)
+    assert not [k for k in cluster.kinds(NS) if k[0] != "PDInferenceService"]
+    c = conditions(cluster)
+    assert c["Ready"]["reason"] == "InvalidSpec" and "MooncakeConnector" in c["Ready"]["message"]
+    assert events.reasons() == ["InvalidSpec"]
+    run(kube, events=events)  # the same generation again: no second event
+    assert events.reasons() == ["InvalidSpec"]
+
+
+def test_status_keeps_the_autoscalers_conditions(cluster, kube):
+    """The reconciler and the autoscaler apply status as two managers: neither
+    drops the other's conditions."""
+    cluster.apply_service(body())
+    run(kube)
+    kube.patch_status(NS, "svc", {"conditions": [{"type": "AutoscalingActive", "status": "True", "reason": "Deciding",
+                                                  "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+                      manager=AUTOSCALER_MANAGER)
+    cluster.put({"kind": "StatefulSet", "metadata": {"name": "svc-prefill", "namespace": NS},
+                 "status": {"replicas": 1, "readyReplicas": 1}}, manager="kube-controller-manager")
+    run(kube)
+    c = conditions(cluster)
+    assert c["AutoscalingActive"]["reason"] == "Deciding" and c["PrefillReady"]["status"] == "True"
+
+
+# --------------------------------------------------------------------------
+# handlers.reconcile_service: one run at a time per service, requests coalesced
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def handler_kube(kube, monkeypatch):
+    monkeypatch.setitem(handlers.STATE, "kube", kube)
+    monkeypatch.setattr(handlers, "_runs", {})
+    return kube
+
+
+def service_reads(cluster: FakeCluster, name: str = "svc") -> int:
+    return sum(1 for m, p, _ in cluster.calls if m == "GET" and p.endswith(f"/pdinferenceservices/{name}"))
+
+
+def test_requests_during_a_reconcile_collapse_into_one_more_run_that_reads_afresh(cluster, handler_kube):
+    cluster.apply_service(body())
+    entered, release = threading.Event(), threading.Event()
+
+    def block_first_read(method, path, _body, _params):
+        if method == "GET" and path.endswith("/pdinferenceservices/svc") and not entered.is_set():
+            entered.set()
+            assert release.wait(10)
+
+    cluster.hooks.append(block_first_read)
+    first = threading.Thread(target=handlers.reconcile_service, args=(NS, "svc"))
+    first.start()
+    assert entered.wait(10)
+    cluster.apply_service(body(prefill={"replicas": 2}))  # the spec changes while the first run reads
+    others = [threading.Thread(target=handlers.reconcile_service, args=(NS, "svc")) for _ in range(3)]
+    for t in others:
+        t.start()
+    for t in others:
+        t.join(5)
+    assert not any(t.is_alive() for t in others), "a request while a run is going returns at once"
+    release.set()
+    first.join(10)
+    assert not first.is_alive()
+    assert service_reads(cluster) == 2  # the first run and exactly one more
+    assert replicas(cluster, "prefill") == 2  # ... which saw the new spec
+
+
+def test_a_failed_run_does_not_block_the_next_request(cluster, handler_kube):
+    cluster.apply_service(body())
+    cluster.refuse("Service", "svc-router")
+    with pytest.raises(RuntimeError, match="Service/svc-router"):
+        handlers.reconcile_service(NS, "svc")
+    del cluster.refused[("Service", "svc-router")]
+    handlers.reconcile_service(NS, "svc")
+    assert service_reads(cluster) == 2
+    assert ("Service", "svc-router") in cluster.kinds(NS)
+
+
+def test_a_deleted_or_deleting_service_is_not_reconciled(cluster, handler_kube):
+    handlers.reconcile_service(NS, "gone")  # no such service: nothing to do, no error
+    cluster.apply_service(body())
+    cluster.objects[("PDInferenceService", NS, "svc")].meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    handlers.reconcile_service(NS, "svc")
+    assert cluster.kinds(NS) == {("PDInferenceService", "svc")}
+
+
+def test_different_services_reconcile_at_the_same_time(cluster, handler_kube):
+    """Coalescing is per service: a slow one does not hold up another."""
+    cluster.apply_service(body("slow"))
+    cluster.apply_service(body("fast"))
+    entered, release = threading.Event(), threading.Event()
+
+    def block_slow(method, path, _body, _params):
+        if method == "GET" and path.endswith("/pdinferenceservices/slow") and not entered.is_set():
+            entered.set()
+            assert release.wait(10)
+
+    cluster.hooks.append(block_slow)
+    slow = threading.Thread(target=handlers.reconcile_service, args=(NS, "slow"))
+    slow.start()
+    assert entered.wait(10)
+    started = time.monotonic()
+    handlers.reconcile_service(NS, "fast")
+    assert time.monotonic() - started < 5 and ("StatefulSet", "fast-prefill") in cluster.kinds(NS)
+    release.set()
+    slow.join(10)
+    assert ("StatefulSet", "slow-prefill") in cluster.kinds(NS)
