@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from pd_operator.simulate.fleet import histogram_quantile
+from pd_operator_tools.autoscalesim.fleet import histogram_quantile
 from tests.conftest import prometheus_binary
 from tests.sim.conftest import query, start_prometheus
 
