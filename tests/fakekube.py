@@ -39,9 +39,9 @@ from pd_operator.api.constants import GROUP, KIND, PLURAL, VERSION
 from pd_operator.controller.kube import KINDS, Kube
 
 PLURALS = {plural: kind for kind, (_, plural) in KINDS.items()}
-PLURALS.update({"pods": "Pod", "secrets": "Secret", "nodes": "Node", PLURAL: KIND})
+PLURALS.update({"pods": "Pod", "secrets": "Secret", "nodes": "Node", "events": "Event", PLURAL: KIND})
 API_VERSIONS = {kind: api for kind, (api, _) in KINDS.items()}
-API_VERSIONS.update({"Pod": "v1", "Secret": "v1", "Node": "v1", KIND: f"{GROUP}/{VERSION}"})
+API_VERSIONS.update({"Pod": "v1", "Secret": "v1", "Node": "v1", "Event": "v1", KIND: f"{GROUP}/{VERSION}"})
 DEFAULT_REPLICAS = {"StatefulSet", "Deployment"}
 
 Path = tuple  # a field path: ("spec", "replicas"), ("status", "conditions", ("type", "Ready"))

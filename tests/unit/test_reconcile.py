@@ -30,7 +30,8 @@ def body(name: str = "svc", **spec) -> dict:
         "apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService",
         "metadata": {"name": name, "namespace": NS},
         "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"},
-                 "prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+                 "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                 "router": {"image": "registry.example.com/pd/vllm-router:test"}},
     }
     out["spec"].update(spec)
     return out
@@ -197,12 +198,13 @@ def test_children_no_longer_rendered_are_pruned_and_only_those(cluster, kube):
 
 
 def test_an_invalid_spec_is_reported_and_nothing_is_applied(cluster, kube):
-    cluster.apply_service(body(kvTransfer={"backend": "mooncake"}, prefill={"replicas": 1, "tensorParallelSize": 2}))
+    cluster.apply_service(body(kvTransfer={"backend": "mooncake"}, prefill={"replicas": 1, "tensorParallelSize": 3},
+                               decode={"replicas": 1, "tensorParallelSize": 2}))  # neither TP divides the other
     events = Events()
     run(kube, events=events)
     assert not [k for k in cluster.kinds(NS) if k[0] != "PDInferenceService"]
     c = conditions(cluster)
-    assert c["Ready"]["reason"] == "InvalidSpec" and "MooncakeConnector" in c["Ready"]["message"]
+    assert c["Ready"]["reason"] == "InvalidSpec" and "tensorParallelSize" in c["Ready"]["message"]
     assert events.reasons() == ["InvalidSpec"]
     run(kube, events=events)  # the same generation again: no second event
     assert events.reasons() == ["InvalidSpec"]

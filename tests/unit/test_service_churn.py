@@ -43,6 +43,9 @@ class MemoryKube:
     def pods(self, namespace, selector):
         return []
 
+    def create_failures(self, namespace, kind, name):
+        return []
+
     def cluster_gpu_view(self):
         return None
 
