@@ -51,8 +51,9 @@ def test_decisions_are_applied_kept_and_guarded(operator, namespace, custom_obje
     # ITL 100 ms against 50 ms: 1 -> 2
     signals.values = {"decode": {(namespace, "auto"): 0.100}}
     round_(scaler, custom_objects, namespace, "auto")
-    assert apps_v1.read_namespaced_stateful_set("auto-decode", namespace).spec.replicas == 2
     obj = get_svc(custom_objects, namespace, "auto")
+    assert apps_v1.read_namespaced_stateful_set("auto-decode", namespace).spec.replicas == 2, (
+        (obj.get("status") or {}).get("decode"), [(c["type"], c["reason"], c["message"]) for c in obj["status"]["conditions"]])
     assert "1 -> 2" in obj["status"]["decode"]["lastScaleReason"] and obj["status"]["metrics"]["itl"] == "100ms p99"
     assert condition(obj, "MetricsAvailable")["status"] == "True" and condition(obj, "AutoscalingActive")["status"] == "True"
     assert events and events[0][0] == "Autoscaled"

@@ -304,12 +304,12 @@ def test_apply_without_replicas_keeps_a_scaled_pool(operator, namespace, custom_
 
 def test_invalid_spec_refused_by_the_api_server(crd, namespace, custom_objects, api_client):
     body = service("bad", namespace, kvTransfer={"backend": "mooncake"},
-                   prefill={"tensorParallelSize": 2}, decode={"tensorParallelSize": 4, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}})
+                   prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 6, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}})
     with pytest.raises(ApiException) as info:
         create(custom_objects, body)
     assert info.value.status == 422
     message = json.loads(info.value.body)["message"]
-    assert "spec.decode.tensorParallelSize" in message and "MooncakeConnector" in message
+    assert "spec.decode.tensorParallelSize" in message and "one tensorParallelSize divides the other" in message
     assert "spec.decode.autoscaling.minReplicas" in message and "minReplicas must be <= maxReplicas" in message
     assert not children(api_client, namespace, "bad")
 

@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client, config
 
 from pd_operator.api import validate_service
+from pd_operator.controller.kube import Kube
 from pd_operator.render import render
 from tests.conftest import EXAMPLES, load_example
 from tests.integration.conftest import load_local_cluster_module
@@ -37,10 +38,14 @@ def _service(namespace: str, **spec) -> dict:
 
 
 def _create_pools(apps: client.AppsV1Api, obj: dict) -> str:
+    """The rendered StatefulSets as they are (the typed client would refuse integer
+    quantities the API server takes), applied through the operator's REST facade."""
     svc = validate_service(obj)
+    kube = Kube(apps.api_client)
     for o in render(svc):
         if o["kind"] == "StatefulSet":
-            apps.create_namespaced_stateful_set(obj["metadata"]["namespace"], o)
+            o["metadata"].pop("ownerReferences", None)  # no owner object here
+            kube.apply(o)
     return svc.metadata.name
 
 
