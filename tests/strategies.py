@@ -56,7 +56,21 @@ def pool(draw):
     if draw(st.booleans()):
         out["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         out["nodeSelector"] = {"pool": "gpu"}
+    if draw(st.integers(0, 3)) == 0:
+        out["podTemplate"] = draw(st.sampled_from(POD_TEMPLATES))
     return out
+
+
+# Pod-template overlays (spec.<pool>.podTemplate) that touch no owned field.
+POD_TEMPLATES = [
+    {"spec": {"imagePullSecrets": [{"name": "regcred"}], "serviceAccountName": "engine"}},
+    {"metadata": {"labels": {"team": "a"}}, "spec": {"hostNetwork": True, "securityContext": {"runAsUser": 0}}},
+    {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}],
+              "containers": [{"name": "engine", "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                              "env": [{"name": "NCCL_DEBUG", "value": "WARN"}]},
+                             {"name": "sidecar", "image": "busybox:1.37", "command": ["sleep", "infinity"]}],
+              "initContainers": [{"name": "init", "image": "busybox:1.37", "command": ["true"]}]}},
+]
 
 
 @st.composite

@@ -11,9 +11,9 @@ accessors such as :meth:`PDInferenceServiceSpec.backend` resolve them on read
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Optional, get_args
+from typing import Annotated, Any, ClassVar, Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -31,6 +31,7 @@ from .constants import (
     ROUTER_IMAGE_RECIPE,
     ROUTER_VERSIONS,
 )
+from .podtemplate import check_pod_template
 from .rules import Rule, cel_list
 
 # --------------------------------------------------------------------------
@@ -58,6 +59,13 @@ Quantity = Annotated[
 
 MAX_ARGS = 64
 MAX_ENV = 64
+
+# A partial PodTemplateSpec, kept whole by the API server; its shape is checked
+# by check_pod_template (api/podtemplate.py), which names the field and the fix.
+PodTemplateOverlay = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
 
 
 def duration_seconds(value: str) -> float:
@@ -615,6 +623,30 @@ class PoolSpec(Base):
         description="Size of the memory-backed /dev/shm of each pod (NCCL and the engines' shared-memory queues use it). "
         "tmpfs pages are charged to the pod's memory, so the default memory request includes it.",
     )
+    pod_template: Optional[PodTemplateOverlay] = Field(
+        None,
+        description="Pod-template overlay for this pool's pods: a partial PodTemplateSpec (metadata.labels/annotations "
+        "and spec fields such as volumes, sidecar containers, initContainers, imagePullSecrets, securityContext, "
+        "hostNetwork, serviceAccountName, tolerations) merged into the rendered pod as a strategic merge patch would: "
+        "containers, initContainers, volumes, imagePullSecrets and env by name, volumeMounts by mountPath, ports by "
+        "containerPort, maps key by key, other lists replaced. Settings add to the engine container when the entry "
+        "is named engine. Refused, with the field that sets them instead: the engine container's command and args "
+        "(extraArgs, env), GPU and RDMA resources in any container (parallel sizes, kvTransfer.rdma), the ports the "
+        "router and the peer pool use (any container), the operator's labels (selectors use them), its volumes and "
+        "mount paths (shmSize, model.cache), and terminationGracePeriodSeconds. hostNetwork gets dnsPolicy "
+        "ClusterFirstWithHostNet unless set.",
+    )
+
+    @field_validator("pod_template")
+    @classmethod
+    def _pod_template_shape(cls, value):
+        problems = check_pod_template(value) if value is not None else []
+        if problems:
+            raise PydanticCustomError(
+                "pd_rule", "{message}",
+                {"message": "; ".join(m for _, m in problems), "rules": problems},
+            )
+        return value
 
     def desired_replicas(self, current: int | None) -> int:
         """The replica count to apply, given the pool's current size (None: not created yet).

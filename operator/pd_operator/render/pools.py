@@ -11,6 +11,7 @@ from .common import child_name, labels, metadata, selector_labels
 from .engines import EngineAdapter
 from .engines.base import HF_HOME, MODELS_DIR
 from .engines.vllm import LMCACHE_CONFIG_DIR
+from .overlay import apply_overlay
 
 # Model load (download + weights to GPU + CUDA graphs) can take many minutes
 # for large models: the startup probe allows 30 minutes before liveness starts.
@@ -253,10 +254,10 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "selector": {"matchLabels": selector_labels(svc, role)},
-            "template": {
+            "template": apply_overlay(svc, engine, role, {
                 "metadata": {"labels": labels(svc, role), "annotations": annotations},
                 "spec": pod_spec,
-            },
+            }),
         },
     }
 
