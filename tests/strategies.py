@@ -112,6 +112,15 @@ def service(draw):
         model["source"] = {"type": "pvc", "claimName": "weights", "path": "qwen3-8b"}
     elif source_kind == "pvc-missing":
         model["source"] = {"type": "pvc"}
+    if draw(st.integers(0, 2)) == 0:
+        model["cache"] = draw(st.sampled_from([
+            {"kind": "emptyDir"}, {"kind": "pvc", "claimName": "hf-shared"}, {"kind": "pvc"},
+            {"kind": "hostPath", "hostPath": "/var/lib/hf"}, {"kind": "hostPath"},
+            {"kind": "image", "reference": "registry.example.com/w:v1", "path": "m"}, {"kind": "image"},
+            {"kind": "image", "reference": "registry.example.com/w:v1", "pullPolicy": "IfNotPresent"},
+        ]))
+    if draw(st.integers(0, 3)) == 0:
+        model["startupSeconds"] = draw(st.sampled_from([60, 3600]))
     spec: dict = {"model": model, "engine": engine, "prefill": draw(pool()), "decode": draw(pool())}
     if kv:
         spec["kvTransfer"] = kv

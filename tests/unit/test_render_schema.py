@@ -45,3 +45,12 @@ def test_pod_template_overlay_renders_valid_manifests():
 
     for kind in ("vllm", "sglang"):
         check(render(validate_service(minimal(kind, prefill={"podTemplate": OVERLAY}, decode={"podTemplate": OVERLAY}))))
+
+
+@pytest.mark.parametrize("cache", [
+    {"kind": "pvc", "claimName": "hf-shared"},
+    {"kind": "hostPath", "hostPath": "/var/lib/models"},
+    {"kind": "image", "reference": "registry.example.com/w:v1", "pullPolicy": "Always", "path": "m"},
+])
+def test_model_cache_kinds_render_valid_manifests(cache):
+    check(render(validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "cache": cache, "startupSeconds": 600}))))
