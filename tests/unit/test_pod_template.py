@@ -91,6 +91,8 @@ def test_overlay_replaces_an_env_entry_in_place():
      "spec.prefill.podTemplate.spec.containers[sidecar].ports", "8000"),
     ({"spec": {"containers": [{"name": "sidecar", "image": "x", "ports": [{"containerPort": 5600}]}]}},
      "spec.prefill.podTemplate.spec.containers[sidecar].ports", "NIXL"),
+    ({"spec": {"containers": [{"name": "sidecar", "image": "x", "ports": [{"name": "http", "containerPort": 9100}]}]}},
+     "spec.prefill.podTemplate.spec.containers[sidecar].ports", "port name http"),
     ({"metadata": {"labels": {"pdserving.io/role": "decode"}}},
      "spec.prefill.podTemplate.metadata.labels[pdserving.io/role]", "selector"),
     ({"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},

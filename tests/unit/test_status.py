@@ -177,3 +177,15 @@ def test_a_pod_restarted_at_the_startup_budget_says_to_raise_it():
     msg = conds(compute_status(svc, obs, 1, None, NOW))["PrefillReady"]["message"]
     assert "1 pod(s) still loading the model, 1m of 10m startup budget used" in msg
     assert "restarted" in msg and "raise spec.model.startupSeconds" in msg and "model.cache" in msg
+
+
+def test_pods_pulling_the_weights_image_are_not_counted_against_the_budget():
+    svc = validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "cache": {"kind": "image", "reference": "r.example.com/w:1"}}))
+    creating = {"metadata": {"name": "svc-decode-0"}, "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "engine", "ready": False, "started": False, "restartCount": 0,
+                                       "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    obs = Observed({"prefill": sts(1, 1), "decode": sts(2, 0)}, deploy(1, 1),
+                   {"decode": [creating, loading_pod("svc-decode-1", "2026-11-30T09:58:00Z")]})
+    msg = conds(compute_status(svc, obs, 1, None, NOW))["DecodeReady"]["message"]
+    assert "1 pod(s) still loading the model, 2m of 30m" in msg
+    assert "1 pod(s) not started yet" in msg and "model.cache.reference" in msg

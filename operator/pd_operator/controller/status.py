@@ -163,11 +163,15 @@ def loading_model(svc: PDInferenceService, role: str, pods: list[dict], now: str
     at = _time(now)
     loading: list[float] = []
     at_budget = 0
+    creating = 0
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             if cs.get("name") != "engine" or cs.get("started"):
+                continue
+            if ((cs.get("state") or {}).get("waiting") or {}).get("reason") in ("ContainerCreating", "PodInitializing"):
+                creating += 1
                 continue
             started = _time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
             if started is None or at is None:
@@ -179,14 +183,20 @@ def loading_model(svc: PDInferenceService, role: str, pods: list[dict], now: str
             # previous run that lasted about the budget ended there.
             if t0 and t1 and (t1 - t0).total_seconds() >= 0.9 * budget:
                 at_budget += 1
-    if not loading:
-        return ""
-    msg = (f"{len(loading)} pod(s) still loading the model, {_minutes(max(loading))} of {_minutes(budget)} startup "
-           "budget used (spec.model.startupSeconds)")
-    if at_budget:
-        msg += (f"; {at_budget} of them restarted after using the whole startup budget: raise spec.model.startupSeconds, "
-                "or keep the weights between starts with spec.model.cache (pvc, hostPath or image)")
-    return msg
+    parts = []
+    if loading:
+        msg = (f"{len(loading)} pod(s) still loading the model, {_minutes(max(loading))} of {_minutes(budget)} startup "
+               "budget used (spec.model.startupSeconds)")
+        if at_budget:
+            msg += (f"; {at_budget} of them restarted after using the whole startup budget: raise "
+                    "spec.model.startupSeconds, or keep the weights between starts with spec.model.cache (pvc, hostPath "
+                    "or image)")
+        parts.append(msg)
+    if creating:
+        image = " and the weights image (model.cache.reference)" if svc.spec.model.effective_cache().kind == "image" else ""
+        parts.append(f"{creating} pod(s) not started yet: pulling the engine image{image} or running init containers "
+                     "(the startup budget starts when the engine does)")
+    return "; ".join(parts)
 
 
 def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: list[dict], gen: int | None,

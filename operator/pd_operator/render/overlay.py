@@ -114,10 +114,10 @@ def owned_problems(svc: PDInferenceService, engine: EngineAdapter, role: str, te
                     problems.append((f"{path}.ports",
                                      f"port {port} is {listen[port]}, which the router and the peer pool use "
                                      "(the containers of a pod share its network): use another port"))
-                elif is_engine and name in engine_port_names:
+                elif name in engine_port_names:
                     problems.append((f"{path}.ports",
-                                     f"port name {name} is the engine's (the probes and the router reach it by "
-                                     "name, on the port the engine listens on): use another port name"))
+                                     f"port name {name} is the engine's (the probes and the Services reach the "
+                                     "engine by that name): use another port name"))
     return problems
 
 
