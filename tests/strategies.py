@@ -56,7 +56,21 @@ def pool(draw):
     if draw(st.booleans()):
         out["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         out["nodeSelector"] = {"pool": "gpu"}
+    if draw(st.integers(0, 3)) == 0:
+        out["podTemplate"] = draw(st.sampled_from(POD_TEMPLATES))
     return out
+
+
+# Pod-template overlays (spec.<pool>.podTemplate) that touch no owned field.
+POD_TEMPLATES = [
+    {"spec": {"imagePullSecrets": [{"name": "regcred"}], "serviceAccountName": "engine"}},
+    {"metadata": {"labels": {"team": "a"}}, "spec": {"hostNetwork": True, "securityContext": {"runAsUser": 0}}},
+    {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}],
+              "containers": [{"name": "engine", "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                              "env": [{"name": "NCCL_DEBUG", "value": "WARN"}]},
+                             {"name": "sidecar", "image": "busybox:1.37", "command": ["sleep", "infinity"]}],
+              "initContainers": [{"name": "init", "image": "busybox:1.37", "command": ["true"]}]}},
+]
 
 
 @st.composite
@@ -98,6 +112,15 @@ def service(draw):
         model["source"] = {"type": "pvc", "claimName": "weights", "path": "qwen3-8b"}
     elif source_kind == "pvc-missing":
         model["source"] = {"type": "pvc"}
+    if draw(st.integers(0, 2)) == 0:
+        model["cache"] = draw(st.sampled_from([
+            {"kind": "emptyDir"}, {"kind": "pvc", "claimName": "hf-shared"}, {"kind": "pvc"},
+            {"kind": "hostPath", "hostPath": "/var/lib/hf"}, {"kind": "hostPath"},
+            {"kind": "image", "reference": "registry.example.com/w:v1", "path": "m"}, {"kind": "image"},
+            {"kind": "image", "reference": "registry.example.com/w:v1", "pullPolicy": "IfNotPresent"},
+        ]))
+    if draw(st.integers(0, 3)) == 0:
+        model["startupSeconds"] = draw(st.sampled_from([60, 3600]))
     spec: dict = {"model": model, "engine": engine, "prefill": draw(pool()), "decode": draw(pool())}
     if kv:
         spec["kvTransfer"] = kv

@@ -242,3 +242,46 @@ def test_statefulset_pods_are_created_by_controller_manager(core_v1, apps_v1, na
         owner = p.metadata.owner_references[0]
         assert (owner.kind, owner.name, owner.controller) == ("StatefulSet", "sts", True)
         assert condition(p, "Ready").status == "True"
+
+
+# --- issue 13.5/13.6: model cache and pod-template overlay on a real API server --
+
+
+def test_overlay_and_cache_are_stored_whole_and_the_merged_pod_is_accepted(pd_crd, custom_objects, apps_v1, namespace):
+    """podTemplate (preserve-unknown-fields) and model.cache survive the API
+    server's pruning; the CEL rule on cache refuses a pvc without a claim; the
+    StatefulSet rendered with an overlay and an image-volume cache passes the
+    API server's own pod validation (server-side dry run)."""
+    from pd_operator.api import validate_service
+    from pd_operator.render import render
+    from tests.unit.test_pod_template import OVERLAY
+
+    body = _pdservice("overlay")
+    body["spec"]["model"]["cache"] = {"kind": "image", "reference": "registry.example.com/weights/qwen3:v1", "path": "m"}
+    body["spec"]["model"]["startupSeconds"] = 2700
+    body["spec"]["prefill"] = {"podTemplate": OVERLAY}
+    got = _create_pdservice(custom_objects, namespace, body)
+    assert got["spec"]["prefill"]["podTemplate"] == OVERLAY
+    assert got["spec"]["model"]["cache"]["reference"] == "registry.example.com/weights/qwen3:v1"
+
+    bad = _pdservice("badcache")
+    bad["spec"]["model"]["cache"] = {"kind": "pvc"}
+    with pytest.raises(ApiException) as exc:
+        _create_pdservice(custom_objects, namespace, bad)
+    status = json.loads(exc.value.body)
+    assert "kind pvc needs claimName" in status["message"], status["message"]
+
+    svc = validate_service({**got, "metadata": {"name": "overlay", "namespace": namespace}})
+    sts = next(o for o in render(svc) if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "overlay-prefill")
+    # The raw object, as the operator sends it (the typed client insists on string quantities).
+    from pd_operator.controller.kube import Kube
+
+    out = Kube(apps_v1.api_client)._call("POST", f"/apis/apps/v1/namespaces/{namespace}/statefulsets", body=sts,
+                                         query=[("dryRun", "All")])
+    pod = out["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert [c["name"] for c in pod["containers"]] == ["engine", "log-shipper"]
+    models = next(v for v in pod["volumes"] if v["name"] == "models")
+    # Without the ImageVolume feature the API server drops the field: say so.
+    assert "image" in models, f"the API server dropped the image volume source (ImageVolume feature gate off): {models}"
+    assert models["image"]["reference"] == "registry.example.com/weights/qwen3:v1"

@@ -291,3 +291,45 @@ def test_extra_args_that_the_operator_manages_are_refused():
     with pytest.raises(SpecError) as info:
         render(validate_service(minimal("sglang", router={"extraArgs": ["--policy", "random"]})))
     assert info.value.problems[0][0] == "spec.router.extraArgs[0]"
+
+
+def _pod_spec(objs, role="prefill"):
+    return by_kind(objs)[("StatefulSet", f"svc-{role}")]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("cache, volume, mount", [
+    (None, {"name": "hf-cache", "emptyDir": {}}, {"name": "hf-cache", "mountPath": "/cache/huggingface"}),
+    ({"kind": "pvc", "claimName": "hf-shared"},
+     {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-shared"}}, {"name": "hf-cache", "mountPath": "/cache/huggingface"}),
+    ({"kind": "hostPath", "hostPath": "/var/lib/models"},
+     {"name": "hf-cache", "hostPath": {"path": "/var/lib/models", "type": "DirectoryOrCreate"}},
+     {"name": "hf-cache", "mountPath": "/cache/huggingface"}),
+])
+def test_model_cache_kinds_keep_the_hugging_face_cache(cache, volume, mount):
+    model = {"name": "Qwen/Qwen3-8B", **({"cache": cache} if cache else {})}
+    objs = render(validate_service(minimal(model=model)))
+    ps, c = _pod_spec(objs), engine_container(objs, "decode")
+    assert volume in ps["volumes"] and mount in c["volumeMounts"]
+    assert env_of(c)["HF_HOME"]["value"] == "/cache/huggingface"
+    assert c["command"][2] == "Qwen/Qwen3-8B"   # the hub id: downloaded once into the kept cache
+
+
+def test_model_cache_image_mounts_the_weights_read_only_and_loads_the_path():
+    model = {"name": "Qwen/Qwen3-8B", "cache": {"kind": "image", "reference": "registry.example.com/weights/qwen3-8b:v1",
+                                                "pullPolicy": "IfNotPresent", "path": "model"}}
+    for kind in ("vllm", "sglang"):
+        objs = render(validate_service(minimal(kind, model=model)))
+        ps, c = _pod_spec(objs), engine_container(objs, "prefill")
+        assert {"name": "models", "image": {"reference": "registry.example.com/weights/qwen3-8b:v1", "pullPolicy": "IfNotPresent"}} in ps["volumes"]
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+        assert "/models/model" in c["command"]
+        assert c["command"][c["command"].index("--served-model-name") + 1] == "Qwen/Qwen3-8B"
+        assert not any(v["name"] == "hf-cache" for v in ps["volumes"])
+
+
+def test_startup_budget_sets_the_startup_probe():
+    c = engine_container(render(validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "startupSeconds": 3600}))), "decode")
+    p = c["startupProbe"]
+    assert p["periodSeconds"] * p["failureThreshold"] == 3600
+    c = engine_container(render(validate_service(minimal())), "decode")
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800

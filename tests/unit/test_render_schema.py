@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 from pd_operator.api import SpecError, validate_service
 from pd_operator.render import render
-from tests.conftest import EXAMPLES, load_example
+from tests.conftest import EXAMPLES, load_example, minimal
 from tests.strategies import service
 
 K8S_VERSION = "1.35.0"
@@ -37,3 +37,20 @@ def test_every_valid_spec_renders_valid_manifests(obj):
         assume(False)
         return
     check(render(svc))
+
+
+def test_pod_template_overlay_renders_valid_manifests():
+    """The overlay is merged into a pod the Kubernetes schema still accepts (both pools, both engines)."""
+    from tests.unit.test_pod_template import OVERLAY
+
+    for kind in ("vllm", "sglang"):
+        check(render(validate_service(minimal(kind, prefill={"podTemplate": OVERLAY}, decode={"podTemplate": OVERLAY}))))
+
+
+@pytest.mark.parametrize("cache", [
+    {"kind": "pvc", "claimName": "hf-shared"},
+    {"kind": "hostPath", "hostPath": "/var/lib/models"},
+    {"kind": "image", "reference": "registry.example.com/w:v1", "pullPolicy": "Always", "path": "m"},
+])
+def test_model_cache_kinds_render_valid_manifests(cache):
+    check(render(validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "cache": cache, "startupSeconds": 600}))))

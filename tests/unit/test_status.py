@@ -148,3 +148,44 @@ def test_other_create_failures_are_reported_verbatim():
     # once the pods exist, an old event no longer decides the condition
     obs = Observed({"prefill": sts(1, 1), "decode": sts(1, 1)}, deploy(1, 1), {}, create_failures={"prefill": [failed_create(quota)]})
     assert conds(compute_status(svc, obs, 1, None, NOW))["PrefillReady"]["status"] == "True"
+
+
+def loading_pod(name, started_at, restarts=0, last=None):
+    cs = {"name": "engine", "ready": False, "started": False, "restartCount": restarts,
+          "state": {"running": {"startedAt": started_at}}}
+    if last:
+        cs["lastState"] = {"terminated": {"startedAt": last[0], "finishedAt": last[1], "exitCode": 137, "reason": "Error"}}
+    return {"metadata": {"name": name}, "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                                                   "containerStatuses": [cs]}}
+
+
+def test_pods_loading_the_model_show_the_startup_budget_used():
+    svc = validate_service(minimal())
+    pods = [loading_pod("svc-decode-0", "2026-11-30T09:56:00Z"), loading_pod("svc-decode-1", "2026-11-30T09:57:30Z")]
+    obs = Observed({"prefill": sts(1, 1), "decode": sts(3, 1)}, deploy(1, 1), {"decode": pods})
+    c = conds(compute_status(svc, obs, 1, None, NOW))
+    assert c["DecodeReady"]["reason"] == "Starting"
+    assert "2 pod(s) still loading the model, 4m of 30m startup budget used" in c["DecodeReady"]["message"]
+    assert "spec.model.startupSeconds" in c["DecodeReady"]["message"]
+
+
+def test_a_pod_restarted_at_the_startup_budget_says_to_raise_it():
+    svc = validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "startupSeconds": 600}))
+    pods = [loading_pod("svc-prefill-0", "2026-11-30T09:59:00Z", restarts=1,
+                        last=("2026-11-30T09:48:50Z", "2026-11-30T09:58:55Z"))]
+    obs = Observed({"prefill": sts(1, 0), "decode": sts(1, 1)}, deploy(1, 1), {"prefill": pods})
+    msg = conds(compute_status(svc, obs, 1, None, NOW))["PrefillReady"]["message"]
+    assert "1 pod(s) still loading the model, 1m of 10m startup budget used" in msg
+    assert "restarted" in msg and "raise spec.model.startupSeconds" in msg and "model.cache" in msg
+
+
+def test_pods_pulling_the_weights_image_are_not_counted_against_the_budget():
+    svc = validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "cache": {"kind": "image", "reference": "r.example.com/w:1"}}))
+    creating = {"metadata": {"name": "svc-decode-0"}, "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "engine", "ready": False, "started": False, "restartCount": 0,
+                                       "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    obs = Observed({"prefill": sts(1, 1), "decode": sts(2, 0)}, deploy(1, 1),
+                   {"decode": [creating, loading_pod("svc-decode-1", "2026-11-30T09:58:00Z")]})
+    msg = conds(compute_status(svc, obs, 1, None, NOW))["DecodeReady"]["message"]
+    assert "1 pod(s) still loading the model, 2m of 30m" in msg
+    assert "1 pod(s) not started yet" in msg and "model.cache.reference" in msg

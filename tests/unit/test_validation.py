@@ -168,3 +168,26 @@ def test_replicas_have_one_writer():
     assert DecodePool(replicas=1, autoscaling=auto).desired_replicas(current=9) == 6
     assert DecodePool(replicas=1, autoscaling=auto).desired_replicas(current=None) == 2
     assert DecodePool(replicas=4, autoscaling=auto).desired_replicas(current=None) == 4
+
+
+@pytest.mark.parametrize("model, field, fix", [
+    ({"cache": {"kind": "pvc"}}, "spec.model.cache.claimName", "ReadWriteMany"),
+    ({"cache": {"kind": "hostPath"}}, "spec.model.cache.hostPath", "node"),
+    ({"cache": {"kind": "hostPath", "hostPath": "relative/dir"}}, "spec.model.cache.hostPath", ""),
+    ({"cache": {"kind": "image"}}, "spec.model.cache.reference", "image"),
+    ({"cache": {"kind": "pvc", "claimName": "a"}, "source": {"cacheClaimName": "b"}}, "spec.model.source.cacheClaimName", "model.cache"),
+    ({"cache": {"kind": "pvc", "claimName": "a"}, "source": {"type": "pvc", "claimName": "w"}}, "spec.model.cache", "source.type pvc"),
+    ({"cache": {"kind": "image", "reference": "r:1"}, "source": {"revision": "main"}}, "spec.model.source.revision", "image"),
+    ({"startupSeconds": 5}, "spec.model.startupSeconds", ""),
+])
+def test_model_cache_needs_its_fields(model, field, fix):
+    p = problems(minimal(model={"name": "Qwen/Qwen3-8B", **model}))
+    assert field in p, p
+    assert fix in p[field]
+
+
+def test_cache_claim_name_is_the_pvc_cache():
+    svc = validate_service(minimal(model={"name": "Qwen/Qwen3-8B", "source": {"cacheClaimName": "hf"}}))
+    cache = svc.spec.model.effective_cache()
+    assert (cache.kind, cache.claim_name) == ("pvc", "hf")
+    assert validate_service(minimal()).spec.model.effective_cache().kind == "emptyDir"

@@ -11,9 +11,9 @@ accessors such as :meth:`PDInferenceServiceSpec.backend` resolve them on read
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Optional, get_args
+from typing import Annotated, Any, ClassVar, Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -31,6 +31,7 @@ from .constants import (
     ROUTER_IMAGE_RECIPE,
     ROUTER_VERSIONS,
 )
+from .podtemplate import check_pod_template
 from .rules import Rule, cel_list
 
 # --------------------------------------------------------------------------
@@ -58,6 +59,13 @@ Quantity = Annotated[
 
 MAX_ARGS = 64
 MAX_ENV = 64
+
+# A partial PodTemplateSpec, kept whole by the API server; its shape is checked
+# by check_pod_template (api/podtemplate.py), which names the field and the fix.
+PodTemplateOverlay = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
 
 
 def duration_seconds(value: str) -> float:
@@ -225,8 +233,8 @@ class ModelSource(Base):
     )
     cache_claim_name: Optional[DnsLabel] = Field(
         None,
-        description="type huggingface: a PersistentVolumeClaim used as the Hugging Face cache so restarts skip the download; "
-        "an emptyDir when unset.",
+        description="type huggingface: a PersistentVolumeClaim used as the Hugging Face cache so restarts skip the download. "
+        "The older spelling of model.cache {kind: pvc, claimName}: set one of the two.",
     )
 
     rules = (
@@ -235,6 +243,61 @@ class ModelSource(Base):
             message="source.type pvc needs source.claimName: name the PersistentVolumeClaim that holds the weights",
             check=lambda s: s.type != "pvc" or s.claim_name is not None,
             field_path=".claimName",
+        ),
+    )
+
+
+ABS_PATH = r"^/[-._/a-zA-Z0-9]*$"
+REL_PATH = r"^[^./][-._/a-zA-Z0-9]*$"
+
+
+class ModelCache(Base):
+    """Where the weights are kept between pod starts."""
+
+    kind: Literal["emptyDir", "pvc", "hostPath", "image"] = Field(
+        "emptyDir",
+        description="emptyDir: each pod downloads the weights from the hub at every start (the default); "
+        "pvc: a shared ReadWriteMany claim (claimName) used as the Hugging Face cache, filled by the first pod that "
+        "starts and read by the others (the operator does not create it; start one replica first, or fill it with a "
+        "Job, since the engines' download lock is in each pod's own temp directory); hostPath: a directory on each "
+        "node (hostPath) used as the Hugging Face cache, filled once per node (Pod Security baseline forbids hostPath "
+        "volumes: the namespace needs privileged); image: the weights are files in an OCI image (reference), mounted "
+        "read-only at /models as a Kubernetes image volume (the ImageVolume feature) and loaded from /models/<path>, "
+        "no download.",
+    )
+    claim_name: Optional[DnsLabel] = Field(None, description="kind pvc: the ReadWriteMany PersistentVolumeClaim that holds the Hugging Face cache.")
+    host_path: Optional[Annotated[str, StringConstraints(max_length=512, pattern=ABS_PATH)]] = Field(
+        None, description="kind hostPath: absolute directory on the node, created when missing (e.g. /var/lib/pd-operator/hf)."
+    )
+    reference: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
+        None, description="kind image: the image or OCI artifact holding the weights, as in a container image reference."
+    )
+    pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = Field(
+        None, description="kind image: pull policy of the weights image (Kubernetes' default: Always for :latest, else IfNotPresent)."
+    )
+    path: Optional[Annotated[str, StringConstraints(max_length=512, pattern=REL_PATH)]] = Field(
+        None, description="kind image: directory of the weights inside the image (relative); the image's root when unset."
+    )
+
+    rules = (
+        Rule(
+            cel="self.kind != 'pvc' || has(self.claimName)",
+            message="model.cache kind pvc needs claimName: name a ReadWriteMany PersistentVolumeClaim (the operator does "
+            "not create it) so all pods of both pools share the cache",
+            check=lambda s: s.kind != "pvc" or s.claim_name is not None,
+            field_path=".claimName",
+        ),
+        Rule(
+            cel="self.kind != 'hostPath' || has(self.hostPath)",
+            message="model.cache kind hostPath needs hostPath: an absolute directory on each node, e.g. /var/lib/pd-operator/hf",
+            check=lambda s: s.kind != "hostPath" or s.host_path is not None,
+            field_path=".hostPath",
+        ),
+        Rule(
+            cel="self.kind != 'image' || has(self.reference)",
+            message="model.cache kind image needs reference: the OCI image that holds the weights",
+            check=lambda s: s.kind != "image" or s.reference is not None,
+            field_path=".reference",
         ),
     )
 
@@ -251,8 +314,53 @@ class ModelSpec(Base):
         "and shown in status. Defaults to model.name.",
     )
     source: ModelSource = obj(description="Where the weights come from.", default_factory=ModelSource)
+    cache: Optional[ModelCache] = Field(
+        None,
+        description="Where the weights are kept between pod starts: emptyDir (download at every start), pvc, hostPath "
+        "or image. Unset: pvc when source.cacheClaimName is set, else emptyDir. Only with source.type huggingface.",
+    )
+    startup_seconds: int = Field(
+        1800, ge=60, le=86400,
+        description="Startup budget of an engine pod: how long the model load (download, weights to GPU, CUDA graphs) may "
+        "take before the kubelet restarts the engine (the startup probe). Status shows how much of it loading pods used.",
+    )
     max_model_len: Optional[int] = Field(None, ge=16, le=10_000_000, description="Maximum context length (prompt + output) in tokens; the engine's default (from the model config) when unset.")
     trust_remote_code: bool = Field(False, description="Allow the model's custom code from the hub to run in the engine.")
+
+    rules = (
+        Rule(
+            cel="!has(self.cache) || !has(self.source.cacheClaimName)",
+            message="model.source.cacheClaimName is the older spelling of model.cache {kind: pvc, claimName}: keep one of them",
+            check=lambda s: s.cache is None or s.source.cache_claim_name is None,
+            field_path=".source.cacheClaimName",
+        ),
+        Rule(
+            cel="self.source.type != 'pvc' || !has(self.cache) || self.cache.kind == 'emptyDir'",
+            message="model.cache applies to downloaded weights; with source.type pvc the weights are already on the claim: "
+            "remove model.cache, or use source.type huggingface with the cache",
+            check=lambda s: s.source.type != "pvc" or s.cache is None or s.cache.kind == "emptyDir",
+            field_path=".cache",
+        ),
+        Rule(
+            cel="!has(self.cache) || self.cache.kind != 'image' || !has(self.source.revision)",
+            message="model.cache kind image: the image holds the weights, nothing is downloaded, so source.revision does "
+            "not apply: remove it and pin the image reference instead",
+            check=lambda s: s.cache is None or s.cache.kind != "image" or s.source.revision is None,
+            field_path=".source.revision",
+        ),
+    )
+
+    def effective_cache(self) -> ModelCache:
+        """The cache in use: model.cache, else source.cacheClaimName as a pvc cache, else emptyDir."""
+        if self.cache is not None:
+            return self.cache
+        if self.source.cache_claim_name:
+            return ModelCache(kind="pvc", claim_name=self.source.cache_claim_name)
+        return ModelCache()
+
+    def downloads(self) -> bool:
+        """The engine downloads the weights from the hub (into HF_HOME)."""
+        return self.source.type == "huggingface" and self.effective_cache().kind != "image"
 
 
 # --------------------------------------------------------------------------
@@ -554,7 +662,7 @@ class ProbeTiming(Base):
 
 class ProbesSpec(Base):
     """Liveness and readiness probe timing of the engine containers. The startup
-    probe (30 minutes for the model load) is fixed."""
+    probe's budget for the model load is spec.model.startupSeconds."""
 
     liveness: ProbeTiming = obj(description="Liveness: a failing engine is restarted.",
                                 default_factory=lambda: ProbeTiming(period_seconds=10, timeout_seconds=5, failure_threshold=6))
@@ -615,6 +723,30 @@ class PoolSpec(Base):
         description="Size of the memory-backed /dev/shm of each pod (NCCL and the engines' shared-memory queues use it). "
         "tmpfs pages are charged to the pod's memory, so the default memory request includes it.",
     )
+    pod_template: Optional[PodTemplateOverlay] = Field(
+        None,
+        description="Pod-template overlay for this pool's pods: a partial PodTemplateSpec (metadata.labels/annotations "
+        "and spec fields such as volumes, sidecar containers, initContainers, imagePullSecrets, securityContext, "
+        "hostNetwork, serviceAccountName, tolerations) merged into the rendered pod as a strategic merge patch would: "
+        "containers, initContainers, volumes, imagePullSecrets and env by name, volumeMounts by mountPath, ports by "
+        "containerPort, maps key by key, other lists replaced. Settings add to the engine container when the entry "
+        "is named engine. Refused, with the field that sets them instead: the engine container's command and args "
+        "(extraArgs, env), GPU and RDMA resources in any container (parallel sizes, kvTransfer.rdma), the ports the "
+        "router and the peer pool use (any container), the operator's labels (selectors use them), its volumes and "
+        "mount paths (shmSize, model.cache), and terminationGracePeriodSeconds. hostNetwork gets dnsPolicy "
+        "ClusterFirstWithHostNet unless set.",
+    )
+
+    @field_validator("pod_template")
+    @classmethod
+    def _pod_template_shape(cls, value):
+        problems = check_pod_template(value) if value is not None else []
+        if problems:
+            raise PydanticCustomError(
+                "pd_rule", "{message}",
+                {"message": "; ".join(m for _, m in problems), "rules": problems},
+            )
+        return value
 
     def desired_replicas(self, current: int | None) -> int:
         """The replica count to apply, given the pool's current size (None: not created yet).

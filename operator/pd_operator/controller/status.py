@@ -9,6 +9,7 @@ troubleshooting list users otherwise keep by hand reads from
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ..api.constants import ROLES
 from ..api.models import PDInferenceService
@@ -143,8 +144,63 @@ def create_failure(svc: PDInferenceService, role: str, message: str) -> tuple[st
     return "FailedCreate", f"the {role} StatefulSet cannot create pods: {message}"
 
 
+def _time(value: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m"
+
+
+def loading_model(svc: PDInferenceService, role: str, pods: list[dict], now: str) -> str:
+    """What the pool's starting pods are doing: the engine running but not past
+    its startup probe yet (loading the model) against spec.model.startupSeconds,
+    and engines the kubelet restarted at that budget. Empty when none."""
+    budget = svc.spec.model.startup_seconds
+    at = _time(now)
+    loading: list[float] = []
+    at_budget = 0
+    creating = 0
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") != "engine" or cs.get("started"):
+                continue
+            if ((cs.get("state") or {}).get("waiting") or {}).get("reason") in ("ContainerCreating", "PodInitializing"):
+                creating += 1
+                continue
+            started = _time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+            if started is None or at is None:
+                continue
+            loading.append(max(0.0, (at - started).total_seconds()))
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            t0, t1 = _time(last.get("startedAt")), _time(last.get("finishedAt"))
+            # The startup probe kills the engine once the budget is spent: a
+            # previous run that lasted about the budget ended there.
+            if t0 and t1 and (t1 - t0).total_seconds() >= 0.9 * budget:
+                at_budget += 1
+    parts = []
+    if loading:
+        msg = (f"{len(loading)} pod(s) still loading the model, {_minutes(max(loading))} of {_minutes(budget)} startup "
+               "budget used (spec.model.startupSeconds)")
+        if at_budget:
+            msg += (f"; {at_budget} of them restarted after using the whole startup budget: raise "
+                    "spec.model.startupSeconds, or keep the weights between starts with spec.model.cache (pvc, hostPath "
+                    "or image)")
+        parts.append(msg)
+    if creating:
+        image = " and the weights image (model.cache.reference)" if svc.spec.model.effective_cache().kind == "image" else ""
+        parts.append(f"{creating} pod(s) not started yet: pulling the engine image{image} or running init containers "
+                     "(the startup budget starts when the engine does)")
+    return "; ".join(parts)
+
+
 def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: list[dict], gen: int | None,
-                    failures: list[dict] | None = None) -> tuple[dict, bool]:
+                    failures: list[dict] | None = None, now: str = "") -> tuple[dict, bool]:
     """(condition, unschedulable)"""
     type_ = "PrefillReady" if role == "prefill" else "DecodeReady"
     if sts is None:
@@ -164,8 +220,9 @@ def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: 
     if desired == 0:
         return condition(type_, False, "ScaledToZero", f"{role}.replicas is 0: the service cannot answer", gen), False
     if ready < desired:
-        return condition(type_, False, "Starting",
-                         f"{ready}/{desired} {role} pods ready; the others are starting (model load can take minutes)", gen), False
+        loading = loading_model(svc, role, pods, now)
+        what = loading or "the others are starting (model load can take minutes)"
+        return condition(type_, False, "Starting", f"{ready}/{desired} {role} pods ready; {what}", gen), False
     return condition(type_, True, "AllReplicasReady", f"{ready}/{desired} {role} pods ready", gen), False
 
 
@@ -216,7 +273,7 @@ def compute_status(svc: PDInferenceService | None, obs: Observed, generation: in
     status: dict = {"observedGeneration": gen}
     for role in ROLES:
         cond, unsched = _pool_condition(svc, role, obs.statefulsets.get(role), obs.pods.get(role, []), gen,
-                                        obs.create_failures.get(role))
+                                        obs.create_failures.get(role), now)
         unschedulable |= unsched
         conds.append(cond)
         ps = pool_status(obs.statefulsets.get(role), obs.pods.get(role, []))

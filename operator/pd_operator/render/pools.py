@@ -11,11 +11,17 @@ from .common import child_name, labels, metadata, selector_labels
 from .engines import EngineAdapter
 from .engines.base import HF_HOME, MODELS_DIR
 from .engines.vllm import LMCACHE_CONFIG_DIR
+from .overlay import apply_overlay
 
 # Model load (download + weights to GPU + CUDA graphs) can take many minutes
-# for large models: the startup probe allows 30 minutes before liveness starts.
+# for large models: the startup probe allows spec.model.startupSeconds (30
+# minutes by default) before liveness starts.
 STARTUP_PERIOD_S = 10
-STARTUP_FAILURES = 180
+
+
+def startup_failures(svc: PDInferenceService) -> int:
+    """Startup probe failureThreshold: the budget in probe periods."""
+    return math.ceil(svc.spec.model.startup_seconds / STARTUP_PERIOD_S)
 SHM_SIZE = "16Gi"
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 CONFIG_HASH_ANNOTATION = "pdserving.io/config-hash"
@@ -132,12 +138,26 @@ def _volumes(svc: PDInferenceService, engine: EngineAdapter, role: str) -> tuple
     src = svc.spec.model.source
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(svc.spec.pool(role).shm_size)}}]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    cache = svc.spec.model.effective_cache()
     if src.type == "pvc":
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": src.claim_name, "readOnly": True}})
         mounts.append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
+    elif cache.kind == "image":
+        # Kubernetes image volume (core/v1 ImageVolumeSource: reference,
+        # pullPolicy): the weights' image is pulled by the kubelet and mounted
+        # read-only; nothing is downloaded at start.
+        image = {"reference": cache.reference}
+        if cache.pull_policy:
+            image["pullPolicy"] = cache.pull_policy
+        volumes.append({"name": "models", "image": image})
+        mounts.append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
     else:
-        cache = {"persistentVolumeClaim": {"claimName": src.cache_claim_name}} if src.cache_claim_name else {"emptyDir": {}}
-        volumes.append({"name": "hf-cache", **cache})
+        source = {
+            "emptyDir": {"emptyDir": {}},
+            "pvc": {"persistentVolumeClaim": {"claimName": cache.claim_name}},
+            "hostPath": {"hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}},
+        }[cache.kind]
+        volumes.append({"name": "hf-cache", **source})
         mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
     if engine.config_files():
         volumes.append({"name": "engine-config", "configMap": {"name": config_map_name(svc)}})
@@ -201,7 +221,7 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
         "ports": engine.ports(role),
         "resources": _resources(svc, role),
         "volumeMounts": mounts,
-        "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
+        "startupProbe": _probe("/health", STARTUP_PERIOD_S, startup_failures(svc)),
         "readinessProbe": _probe("/health", pool.probes.readiness.period_seconds, pool.probes.readiness.failure_threshold,
                                  pool.probes.readiness.timeout_seconds),
         "livenessProbe": _probe("/health", pool.probes.liveness.period_seconds, pool.probes.liveness.failure_threshold,
@@ -253,10 +273,10 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "selector": {"matchLabels": selector_labels(svc, role)},
-            "template": {
+            "template": apply_overlay(svc, engine, role, {
                 "metadata": {"labels": labels(svc, role), "annotations": annotations},
                 "spec": pod_spec,
-            },
+            }),
         },
     }
 

@@ -51,7 +51,7 @@ class EngineAdapter(ABC):
         argv: list[str] = []
         if spec.model.max_model_len:
             argv += [self.model_len_flag, str(spec.model.max_model_len)]
-        if spec.model.source.type == "huggingface" and spec.model.source.revision:
+        if spec.model.downloads() and spec.model.source.revision:
             argv += ["--revision", spec.model.source.revision]
         if spec.model.trust_remote_code:
             argv.append("--trust-remote-code")
@@ -110,10 +110,16 @@ class EngineAdapter(ABC):
     # -- shared helpers ----------------------------------------------------------
     def model_arg(self) -> str:
         """What the engine loads: the hub id, or the weights' path on the PVC."""
-        src = self.spec.model.source
+        model = self.spec.model
+        src = model.source
         if src.type == "pvc":
             return f"{MODELS_DIR}/{src.path}".rstrip("/") if src.path else MODELS_DIR
-        return self.spec.model.name
+        cache = model.effective_cache()
+        if cache.kind == "image":
+            # A local directory: both engines load it without the hub (vLLM
+            # default_loader.py, SGLang weight_utils: os.path.isdir).
+            return f"{MODELS_DIR}/{cache.path}".rstrip("/") if cache.path else MODELS_DIR
+        return model.name
 
     def pool(self, role: str):
         return self.spec.pool(role)
@@ -122,7 +128,7 @@ class EngineAdapter(ABC):
         """The container's whole environment, in a stable order; user env last."""
         spec = self.spec
         env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-        if spec.model.source.type == "huggingface":
+        if spec.model.downloads():
             env.append({"name": "HF_HOME", "value": HF_HOME})
             if spec.model.source.token_secret_ref:
                 env.append(secret_env("HF_TOKEN", spec.model.source.token_secret_ref))
