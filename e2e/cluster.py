@@ -33,8 +33,11 @@ path is symlinked). kwokctl's work directory is our cache directory:
   ${XDG_CACHE_HOME:-~/.cache}/pd-operator/clusters/<name>/kubeconfig
 
 Pod IPs, and why loopback: kwok gives each pod an IP from its node's
-spec.podCIDR. The nodes get 127.100.<N>.0/24 (nodes.yaml) and kwok's fallback
-CIDR and node IPs are loopback as well, so every address that the cluster
+spec.podCIDR. The nodes get 127.<P>.<N>.0/24, where P, the cluster's pod
+octet, is derived from the cluster name (``pod_octet()``: stable, in 16..95),
+so the main job's cluster (pd-local) and the tests' (pd-test) never hand out
+the same pod IP and their harnesses never bind each other's addresses. kwok's
+fallback CIDR (127.<P>.255.0/24) and node IPs are loopback as well, so every address that the cluster
 reports for a pod is in 127.0.0.0/8. Linux routes the whole /8 to `lo`, so a
 test harness can start a local process bound to exactly the pod's IP and port
 (e.g. a simulated engine standing in for pod 127.100.1.3:8000) with no network
@@ -76,8 +79,27 @@ DEFAULT_NAME = os.environ.get("PD_CLUSTER_NAME") or "pd-local"
 
 # The service ClusterIP range and kwok's own fallbacks: all loopback (see above).
 SERVICE_CIDR = "127.96.0.0/16"
-KWOK_FALLBACK_POD_CIDR = "127.100.255.0/24"  # pods on nodes without podCIDR
 KWOK_FALLBACK_NODE_IP = "127.101.0.254"  # nodes without an InternalIP
+# Pod octets: 127.<P>.0.0/16 per cluster, P in [16, 96): below the service range
+# (127.96/16) and the node IPs (127.101), away from 127.0.0.1 and from the random
+# 127.101-250 addresses the tests' own servers bind (tests/sim/conftest.py).
+POD_OCTETS = range(16, 96)
+
+
+def pod_octet(name: str = DEFAULT_NAME) -> int:
+    """Second octet of the cluster's pod range, from its name: stable across runs
+    and machines, distinct for pd-local (84) and pd-test (81). Two arbitrary
+    names can share one (80 values); tests/unit/test_node_profiles.py checks
+    the project's own cluster names do not."""
+    import hashlib
+
+    h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+    return POD_OCTETS.start + h % len(POD_OCTETS)
+
+
+def kwok_fallback_pod_cidr(name: str = DEFAULT_NAME) -> str:
+    """kwok's CIDR for pods on nodes without a podCIDR: still the cluster's own range."""
+    return f"127.{pod_octet(name)}.255.0/24"
 
 
 def log(msg: str) -> None:
@@ -177,7 +199,7 @@ def kubectl(*args: str, name: str = DEFAULT_NAME, check: bool = True,
                           stderr=subprocess.PIPE if capture else None)
 
 
-def _kwokctl_config() -> str:
+def _kwokctl_config(name: str = DEFAULT_NAME) -> str:
     """kwokctl configuration: local binaries only, real KCM + scheduler enabled."""
     v = versions()
     opts = {
@@ -246,7 +268,7 @@ def _kwokctl_config() -> str:
         "- name: kwok-controller",
         "  extraArgs:",
         "  - key: cidr",
-        f"    value: {KWOK_FALLBACK_POD_CIDR}",
+        f"    value: {kwok_fallback_pod_cidr(name)}",
         "  - key: node-ip",
         f"    value: {KWOK_FALLBACK_NODE_IP}",
     ]
@@ -413,7 +435,7 @@ def register_nodes(name: str = DEFAULT_NAME) -> None:
     re-applied: one field manager, so a label the profile no longer has goes)."""
     profile = profile_of(name) or default_profile()
     kubectl("apply", "--server-side", "--field-manager=pd-e2e", "--force-conflicts",
-            "-f", "-", name=name, input=_nodeprofiles().to_yaml(profile))
+            "-f", "-", name=name, input=_nodeprofiles().to_yaml(profile, pod_octet(name)))
 
 
 def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = None) -> Path:
@@ -428,7 +450,7 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = N
         started = time.time()
         warm = False
         cfg = _run_dir() / f"{name}.kwokctl.yaml"
-        want = _kwokctl_config()
+        want = _kwokctl_config(name)
         if created(name) and (not cfg.is_file() or cfg.read_text() != want):
             # versions.env or this file changed since the cluster was made:
             # kwokctl only reads its configuration at creation, so recreate.
