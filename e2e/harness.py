@@ -88,10 +88,36 @@ ROUTER_ROLE = "router"
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "XDG_CACHE_HOME")
 
 
+# The routers the operator renders for, pinned (the routers' venv holds exactly these).
+ROUTER_PINS = ("vllm-router==0.1.17", "sglang-router==0.3.2")
+
+
 def default_router_python() -> Path:
-    """The routers' venv (created by tests/sim/conftest.py:router_python())."""
+    """The routers' venv (ensure_router_python() creates it)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "pd-operator" / "venvs" / "routers" / "bin" / "python"
+
+
+def router_python_ok(py: Path) -> bool:
+    check = [str(py), "-c", "import vllm_router, sglang_router, importlib.metadata as m; "
+             + " and ".join(f"m.version({n!r}) == {v!r}" for n, v in (pin.split("==") for pin in ROUTER_PINS))
+             + " or exit(1)"]
+    return py.exists() and subprocess.run(check, capture_output=True).returncode == 0
+
+
+def ensure_router_python(py: Path | None = None) -> Path:
+    """The routers' venv with the pinned routers, created (pip) when missing."""
+    py = Path(py or default_router_python())
+    if router_python_ok(py):
+        return py
+    venv = py.parent.parent
+    log(f"creating the routers' venv {venv} ({', '.join(ROUTER_PINS)})")
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", *ROUTER_PINS], check=True, timeout=900)
+    if not router_python_ok(py):
+        raise RuntimeError(f"{py}: the pinned routers ({', '.join(ROUTER_PINS)}) do not import")
+    return py
 
 
 def log(msg: str) -> None:
@@ -180,6 +206,9 @@ class Harness:
                 self._signal(pp, signal.SIGTERM, "harness stopped")
             for pp in procs:
                 self._terminate(pp, "harness stopped", signalled=True)
+            for pp in procs:
+                if not pp.alive():
+                    (self.log_dir / f"{pp.pod}.pid").unlink(missing_ok=True)
             self.procs.clear()
             self.draining.clear()
         self.api.close()
@@ -304,6 +333,9 @@ class Harness:
         proc = subprocess.Popen(argv, env=proc_env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=self.log_dir, start_new_session=True)
         fh.close()
+        # a pid file per process: whoever stops a harness that could not clean up
+        # (killed) finds what is left (e2e/run.py down)
+        (self.log_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         log(f"{name} ({role}) on {ip}: pid {proc.pid}")
         return PodProcess(name, pod.metadata.uid, role, ip, argv, env, log_path, proc, http_port,
                           prestop_seconds=prestop_sleep(container),

@@ -294,6 +294,7 @@ async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list
                 if not wres.ok and progress:
                     print(f"pdctl bench: warm-up request failed: {wres.error}", file=sys.stderr)
         t_bench0 = time.monotonic()
+        started_at = time.time()  # wall clock of t_bench0, to line other samples up with the requests
         deadline = t_bench0 + cfg.duration
 
         async def go(i: int, scheduled: Optional[float] = None) -> None:
@@ -334,7 +335,8 @@ async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list
         if not r.ok and not r.error:
             r.error = "cancelled (duration + drain timeout)"
     results.sort(key=lambda r: r.index)
-    return summarize(results, wall, cfg, stopped_by_duration=stopped_by_duration and len(results) < cfg.num_requests), results
+    summary = summarize(results, wall, cfg, stopped_by_duration=stopped_by_duration and len(results) < cfg.num_requests)
+    return summary | {"started_at": started_at}, results
 
 
 def format_summary(s: dict) -> str:
