@@ -45,10 +45,15 @@ goes to ``<log_dir>/<pod>.log``.
 
 Known difference from a kubelet: kwok marks a pod Ready as soon as it runs;
 no readiness probe gates it on the process. A router can therefore see a new
-pod (e.g. after a scale-up) a second before its sim listens; the routers then
-re-check after ``--worker-startup-check-interval`` (30 s by default), so a
-scaled-up worker joins ~30 s late here, where a cluster would add it once
-its /health probe passed.
+pod (e.g. after a scale-up) a second before its sim listens. So that it never
+meets a refused connection there (seen: prefill requests failing with HTTP 500
+during a scale-up in ``e2e/run.sh demo``), the harness binds the engine pod's
+API port itself and hands the listening socket to the sim (``--listen-fd``):
+a request sent meanwhile waits in the backlog for the ~1-2 s the sim takes to
+start, where a cluster would not have routed it yet. Workers the routers
+health-check before use are re-checked after
+``--worker-startup-check-interval`` (30 s by default), so such a scaled-up
+worker may join up to ~30 s late here.
 
     .venv/bin/python e2e/harness.py -n NAMESPACE [--kubeconfig FILE] [--log-dir DIR]
 
@@ -67,6 +72,7 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -326,13 +332,28 @@ class Harness:
             # the sim is our package: make it importable whatever the cwd
             pkg_root = str(Path(__file__).resolve().parents[1] / "operator")
             proc_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, proc_env.get("PYTHONPATH")]))
+        pass_fds: tuple[int, ...] = ()
+        listener = None
+        if role != ROUTER_ROLE and http_port:
+            # The pod's API port listens before the sim starts (~1-2 s of imports):
+            # kwok marks the pod Ready at once, with no readiness probe run, so a
+            # router may send to it right away; held in the backlog, that request
+            # waits for the engine instead of failing with a refused connection.
+            listener = listen(ip, http_port)
+            sep = argv.index("--")  # the sim's options end here
+            argv[sep:sep] = ["--listen-fd", str(listener.fileno())]
+            pass_fds = (listener.fileno(),)
         log_path = self.log_dir / f"{name}.log"
         fh = log_path.open("ab")
         fh.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} pod {name} ({role}) ip {ip}\n# argv: {argv}\n".encode())
         fh.flush()
-        proc = subprocess.Popen(argv, env=proc_env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.log_dir, start_new_session=True)
-        fh.close()
+        try:
+            proc = subprocess.Popen(argv, env=proc_env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=self.log_dir, start_new_session=True, pass_fds=pass_fds)
+        finally:
+            fh.close()
+            if listener is not None:
+                listener.close()  # the process holds its own copy
         # a pid file per process: whoever stops a harness that could not clean up
         # (killed) finds what is left (e2e/run.py down)
         (self.log_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
@@ -492,6 +513,24 @@ class Harness:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pp.proc.pid, signal.SIGKILL)
             pp.proc.wait(10)
+
+
+def listen(ip: str, port: int, timeout: float = 3.0) -> socket.socket:
+    """A listening socket on ip:port; retried briefly while a killed process of
+    the pod that had this IP before still holds it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((ip, port))
+            sock.listen(1024)
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def prestop_sleep(container) -> float:

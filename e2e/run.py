@@ -349,9 +349,23 @@ def chat_once(url: str, model: str, api_key: str | None = None) -> dict:
         raise RuntimeError(f"the router answered: {r.stdout[:300]}") from None
 
 
-def metrics_of(kube: Kube, ns: str, name: str) -> dict:
-    svc = kube.json("get", "pdservices", "-n", ns, name) or {}
-    return (svc.get("status") or {}).get("metrics") or {}
+def fresh_metrics(kube: Kube, ns: str, name: str, since: float) -> dict | None:
+    """status.metrics once the autoscaler read both signals from Prometheus after
+    ``since`` (epoch s): MetricsAvailable True, "latest signals read <stamp>".
+    The status of an earlier session keeps its figures, so mere presence is no proof."""
+    import datetime as dt
+
+    status = (kube.json("get", "pdservices", "-n", ns, name) or {}).get("status") or {}
+    metrics = status.get("metrics") or {}
+    cond = next((c for c in status.get("conditions", []) if c.get("type") == "MetricsAvailable"), {})
+    stamp = (cond.get("message") or "").removeprefix("latest signals read ").strip()
+    try:
+        at = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+    if cond.get("status") == "True" and at >= since and metrics.get("ttft") and metrics.get("itl"):
+        return metrics
+    return None
 
 
 # ----------------------------------------------------------------- commands
@@ -421,6 +435,7 @@ def up(example: Path) -> int:
          90)
     say(f"router {url}: workers {workers(url)} (found by label selector, with its own ServiceAccount)")
     wait("Prometheus scraping every engine pod", lambda: targets_up(prom, ns) >= sum(pools.values()), 60)
+    since = time.time() - 1  # the RFC 3339 stamps have whole seconds
     answer = chat_once(url, model, api_key)
     say(f"curl through the router: {answer['usage']['completion_tokens']} tokens, "
         f"\"{answer['choices'][0]['message']['content'][:60]}...\"")
@@ -438,7 +453,7 @@ def up(example: Path) -> int:
                 chat_once(url, model, api_key)
 
     m = wait("TTFT and ITL in status.metrics (Prometheus -> operator)",
-             lambda: (x := metrics_of(kube, ns, name)).get("ttft") and x.get("itl") and x, 120, every=1, tick=nudge)
+             lambda: fresh_metrics(kube, ns, name, since), 120, every=1, tick=nudge)
     say(f"status.metrics: TTFT {m['ttft']}, ITL {m['itl']}")
     print()
     print(kube("get", "pdservices", "-A").stdout)
@@ -496,7 +511,7 @@ def demo(args: list[str]) -> int:
     ns, name = st["namespace"], st["name"]
     plot, csv, out = RUN / "demo.png", RUN / "demo.csv", RUN / "demo.json"
     bench = [sys.executable, "-m", "pd_operator.cli", "bench", "--url", st["endpoint"], "--model", st["model"],
-             "--rate", "6", "-n", "240", "--duration", "40", "--isl", "lognormal:3000:0.6", "--osl", "uniform:200:0.5",
+             "--rate", "8", "-n", "480", "--duration", "60", "--isl", "lognormal:4000:0.5", "--osl", "uniform:150:0.5",
              "--warmup", "2", "--ttft-slo", "1", "--itl-slo", "0.05", "--seed", "1",
              "--plot", str(plot), "--csv", str(csv), "--json", str(out), *args]
     if st.get("api_key"):
