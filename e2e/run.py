@@ -182,7 +182,11 @@ def wait(what: str, fn, timeout: float, every: float = 0.5, tick=None):
 class Kube:
     def __init__(self, kubeconfig: str, local: bool):
         self.kubeconfig, self.local = kubeconfig, local
-        self.bin = str(cluster.binary("kubectl")) if local else "kubectl"
+        import shutil
+
+        pinned = cluster.binary("kubectl")
+        # your kubectl on your cluster; the pinned one on the local cluster (or when you have none)
+        self.bin = str(pinned) if local or (not shutil.which("kubectl") and pinned.is_file()) else "kubectl"
 
     def __call__(self, *args: str, check: bool = True, capture: bool = True, input: str | None = None):
         env = dict(os.environ, KUBECONFIG=self.kubeconfig)
