@@ -97,6 +97,23 @@ def pod_octet(name: str = DEFAULT_NAME) -> int:
     return POD_OCTETS.start + h % len(POD_OCTETS)
 
 
+# Component ports: kwokctl picks free ones from 32767 down when a cluster is
+# created, so two clusters created while the other was stopped get the same
+# ports and cannot run together (seen: pd-test's etcd holding 32766 made a warm
+# start of another local cluster wait for an API server that could not
+# listen). Each cluster gets its own block instead, from the same per-name
+# octet: 30000 + 8 * (P - 16), below the kernel's ephemeral range (32768+).
+PORT_NAMES = ("etcdPeerPort", "etcdPort", "kubeApiserverPort", "kubeControllerManagerPort",
+              "kubeSchedulerPort", "kwokControllerPort")
+PORT_BASE, PORT_BLOCK = 30000, 8
+
+
+def ports(name: str = DEFAULT_NAME) -> dict[str, int]:
+    """The cluster's component ports (kwokctl options), a block of its own."""
+    base = PORT_BASE + PORT_BLOCK * (pod_octet(name) - POD_OCTETS.start)
+    return {k: base + i for i, k in enumerate(PORT_NAMES)}
+
+
 def kwok_fallback_pod_cidr(name: str = DEFAULT_NAME) -> str:
     """kwok's CIDR for pods on nodes without a podCIDR: still the cluster's own range."""
     return f"127.{pod_octet(name)}.255.0/24"
@@ -227,6 +244,7 @@ def _kwokctl_config(name: str = DEFAULT_NAME) -> str:
         "securePort": "true",
         "kubeAuthorization": "true",
         "kubeAdmission": "true",
+        **ports(name),
     }
     lines = ["apiVersion: config.kwok.x-k8s.io/v1alpha1",
              "kind: KwokctlConfiguration", "options:"]

@@ -142,3 +142,18 @@ def test_each_local_cluster_hands_out_its_own_pod_ips():
             assert not net.overlaps(ipaddress.ip_network(cluster.SERVICE_CIDR))
         seen[name] = nets
     assert not any(a.overlaps(b) for a in seen["pd-local"] for b in seen["pd-test"])
+
+
+def test_each_local_cluster_listens_on_its_own_ports():
+    """kwokctl picked the same free ports (32764...) for clusters created while
+    the other was stopped: a warm start of one then waited for an API server
+    that could not listen, the other's etcd holding its port. Each cluster now
+    names its own block, below the ephemeral range."""
+    cluster = load_e2e_module("cluster")
+    a, b = cluster.ports("pd-local"), cluster.ports("pd-test")
+    assert len(set(a.values())) == len(cluster.PORT_NAMES) and not set(a.values()) & set(b.values())
+    for name, ports in (("pd-local", a), ("pd-test", b)):
+        assert all(1024 < p < 32768 for p in ports.values())
+        config = cluster._kwokctl_config(name)
+        for key, port in ports.items():
+            assert f"  {key}: {port}\n" in config
