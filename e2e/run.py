@@ -109,8 +109,8 @@ def start_bg(name: str, argv: list[str], env: dict | None = None, marker: str | 
 
 def stop_bg(name: str, grace: float = 40.0) -> None:
     pid = running(name)
-    (RUN / f"{name}.pid").unlink(missing_ok=True) if pid is None else None
     if pid is None:
+        (RUN / f"{name}.pid").unlink(missing_ok=True)  # stale: its process is gone
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
