@@ -512,6 +512,15 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = N
     return kubeconfig_path(name)
 
 
+def _wait_exited(name: str, procs: dict[str, int], timeout: float = 30) -> None:
+    """Wait for the component processes seen before a stop to be gone. The pid
+    files are no proof: kwokctl removes them while the processes still shut down
+    (seen: kube-apiserver alive after `down` returned)."""
+    _wait("components to exit",
+          lambda: not running_components(name) and not [p for c, p in procs.items() if _alive(p) and _ours(name, c, p)],
+          timeout)
+
+
 def down(name: str = DEFAULT_NAME) -> None:
     """Stop every component; state (etcd data, certs) is kept for a warm start."""
     if not created(name) or not binary("kwokctl").is_file():
@@ -519,17 +528,19 @@ def down(name: str = DEFAULT_NAME) -> None:
         return
     with _lock(name):
         _clear_stale_pid_files(name)
+        procs = running_components(name)
         _kwokctl("stop", "cluster", "--name", name, check=False)
-        _wait("components to exit", lambda: not running_components(name), 30)
+        _wait_exited(name, procs)
         log(f"cluster {name} stopped")
 
 
 def _delete_locked(name: str) -> None:
     _clear_stale_pid_files(name)
+    procs = running_components(name)
     # --kubeconfig: kwokctl would otherwise edit ~/.kube/config.
     _kwokctl("delete", "cluster", "--name", name,
              "--kubeconfig", str(kubeconfig_path(name)), check=False)
-    _wait("components to exit", lambda: not running_components(name), 30)
+    _wait_exited(name, procs)
     if workdir(name).exists():
         shutil.rmtree(workdir(name))
     (_run_dir() / f"{name}.kwokctl.yaml").unlink(missing_ok=True)
