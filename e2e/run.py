@@ -388,6 +388,12 @@ def up(example: Path) -> int:
         kubeconfig = external
         say(f"your cluster ($KUBECONFIG={kubeconfig}): the operator runs here, the rest is yours to provide")
     kube = Kube(kubeconfig, local)
+    if not local:
+        r = kube("get", "--raw", "/readyz", "--request-timeout=10s", check=False)
+        if r.returncode:
+            print(f"e2e/run.sh: the cluster of KUBECONFIG={kubeconfig} does not answer ({r.stderr.strip()[:300]}); "
+                  "fix the kubeconfig, or unset KUBECONFIG for the local cluster", file=sys.stderr)
+            return 2
     # The repository's CRD is the truth: take over its fields from whoever applied
     # an older one (an earlier checkout, the integration tests on this cluster).
     kube("apply", "--server-side", "--force-conflicts", "--field-manager=pd-operator-crd",
