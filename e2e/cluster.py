@@ -33,8 +33,11 @@ path is symlinked). kwokctl's work directory is our cache directory:
   ${XDG_CACHE_HOME:-~/.cache}/pd-operator/clusters/<name>/kubeconfig
 
 Pod IPs, and why loopback: kwok gives each pod an IP from its node's
-spec.podCIDR. The nodes get 127.100.<N>.0/24 (nodes.yaml) and kwok's fallback
-CIDR and node IPs are loopback as well, so every address that the cluster
+spec.podCIDR. The nodes get 127.<P>.<N>.0/24, where P, the cluster's pod
+octet, is derived from the cluster name (``pod_octet()``: stable, in 16..95),
+so the main job's cluster (pd-local) and the tests' (pd-test) never hand out
+the same pod IP and their harnesses never bind each other's addresses. kwok's
+fallback CIDR (127.<P>.255.0/24) and node IPs are loopback as well, so every address that the cluster
 reports for a pod is in 127.0.0.0/8. Linux routes the whole /8 to `lo`, so a
 test harness can start a local process bound to exactly the pod's IP and port
 (e.g. a simulated engine standing in for pod 127.100.1.3:8000) with no network
@@ -76,8 +79,44 @@ DEFAULT_NAME = os.environ.get("PD_CLUSTER_NAME") or "pd-local"
 
 # The service ClusterIP range and kwok's own fallbacks: all loopback (see above).
 SERVICE_CIDR = "127.96.0.0/16"
-KWOK_FALLBACK_POD_CIDR = "127.100.255.0/24"  # pods on nodes without podCIDR
 KWOK_FALLBACK_NODE_IP = "127.101.0.254"  # nodes without an InternalIP
+# Pod octets: 127.<P>.0.0/16 per cluster, P in [16, 96): below the service range
+# (127.96/16) and the node IPs (127.101), away from 127.0.0.1 and from the random
+# 127.101-250 addresses the tests' own servers bind (tests/sim/conftest.py).
+POD_OCTETS = range(16, 96)
+
+
+def pod_octet(name: str = DEFAULT_NAME) -> int:
+    """Second octet of the cluster's pod range, from its name: stable across runs
+    and machines, distinct for pd-local (84) and pd-test (81). Two arbitrary
+    names can share one (80 values); tests/unit/test_node_profiles.py checks
+    the project's own cluster names do not."""
+    import hashlib
+
+    h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+    return POD_OCTETS.start + h % len(POD_OCTETS)
+
+
+# Component ports: kwokctl picks free ones from 32767 down when a cluster is
+# created, so two clusters created while the other was stopped get the same
+# ports and cannot run together (seen: pd-test's etcd holding 32766 made a warm
+# start of another local cluster wait for an API server that could not
+# listen). Each cluster gets its own block instead, from the same per-name
+# octet: 30000 + 8 * (P - 16), below the kernel's ephemeral range (32768+).
+PORT_NAMES = ("etcdPeerPort", "etcdPort", "kubeApiserverPort", "kubeControllerManagerPort",
+              "kubeSchedulerPort", "kwokControllerPort")
+PORT_BASE, PORT_BLOCK = 30000, 8
+
+
+def ports(name: str = DEFAULT_NAME) -> dict[str, int]:
+    """The cluster's component ports (kwokctl options), a block of its own."""
+    base = PORT_BASE + PORT_BLOCK * (pod_octet(name) - POD_OCTETS.start)
+    return {k: base + i for i, k in enumerate(PORT_NAMES)}
+
+
+def kwok_fallback_pod_cidr(name: str = DEFAULT_NAME) -> str:
+    """kwok's CIDR for pods on nodes without a podCIDR: still the cluster's own range."""
+    return f"127.{pod_octet(name)}.255.0/24"
 
 
 def log(msg: str) -> None:
@@ -177,7 +216,7 @@ def kubectl(*args: str, name: str = DEFAULT_NAME, check: bool = True,
                           stderr=subprocess.PIPE if capture else None)
 
 
-def _kwokctl_config() -> str:
+def _kwokctl_config(name: str = DEFAULT_NAME) -> str:
     """kwokctl configuration: local binaries only, real KCM + scheduler enabled."""
     v = versions()
     opts = {
@@ -205,6 +244,7 @@ def _kwokctl_config() -> str:
         "securePort": "true",
         "kubeAuthorization": "true",
         "kubeAdmission": "true",
+        **ports(name),
     }
     lines = ["apiVersion: config.kwok.x-k8s.io/v1alpha1",
              "kind: KwokctlConfiguration", "options:"]
@@ -246,7 +286,7 @@ def _kwokctl_config() -> str:
         "- name: kwok-controller",
         "  extraArgs:",
         "  - key: cidr",
-        f"    value: {KWOK_FALLBACK_POD_CIDR}",
+        f"    value: {kwok_fallback_pod_cidr(name)}",
         "  - key: node-ip",
         f"    value: {KWOK_FALLBACK_NODE_IP}",
     ]
@@ -413,7 +453,7 @@ def register_nodes(name: str = DEFAULT_NAME) -> None:
     re-applied: one field manager, so a label the profile no longer has goes)."""
     profile = profile_of(name) or default_profile()
     kubectl("apply", "--server-side", "--field-manager=pd-e2e", "--force-conflicts",
-            "-f", "-", name=name, input=_nodeprofiles().to_yaml(profile))
+            "-f", "-", name=name, input=_nodeprofiles().to_yaml(profile, pod_octet(name)))
 
 
 def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = None) -> Path:
@@ -428,7 +468,7 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = N
         started = time.time()
         warm = False
         cfg = _run_dir() / f"{name}.kwokctl.yaml"
-        want = _kwokctl_config()
+        want = _kwokctl_config(name)
         if created(name) and (not cfg.is_file() or cfg.read_text() != want):
             # versions.env or this file changed since the cluster was made:
             # kwokctl only reads its configuration at creation, so recreate.
@@ -472,6 +512,15 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = N
     return kubeconfig_path(name)
 
 
+def _wait_exited(name: str, procs: dict[str, int], timeout: float = 30) -> None:
+    """Wait for the component processes seen before a stop to be gone. The pid
+    files are no proof: kwokctl removes them while the processes still shut down
+    (seen: kube-apiserver alive after `down` returned)."""
+    _wait("components to exit",
+          lambda: not running_components(name) and not [p for c, p in procs.items() if _alive(p) and _ours(name, c, p)],
+          timeout)
+
+
 def down(name: str = DEFAULT_NAME) -> None:
     """Stop every component; state (etcd data, certs) is kept for a warm start."""
     if not created(name) or not binary("kwokctl").is_file():
@@ -479,17 +528,19 @@ def down(name: str = DEFAULT_NAME) -> None:
         return
     with _lock(name):
         _clear_stale_pid_files(name)
+        procs = running_components(name)
         _kwokctl("stop", "cluster", "--name", name, check=False)
-        _wait("components to exit", lambda: not running_components(name), 30)
+        _wait_exited(name, procs)
         log(f"cluster {name} stopped")
 
 
 def _delete_locked(name: str) -> None:
     _clear_stale_pid_files(name)
+    procs = running_components(name)
     # --kubeconfig: kwokctl would otherwise edit ~/.kube/config.
     _kwokctl("delete", "cluster", "--name", name,
              "--kubeconfig", str(kubeconfig_path(name)), check=False)
-    _wait("components to exit", lambda: not running_components(name), 30)
+    _wait_exited(name, procs)
     if workdir(name).exists():
         shutil.rmtree(workdir(name))
     (_run_dir() / f"{name}.kwokctl.yaml").unlink(missing_ok=True)

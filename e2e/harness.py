@@ -45,10 +45,15 @@ goes to ``<log_dir>/<pod>.log``.
 
 Known difference from a kubelet: kwok marks a pod Ready as soon as it runs;
 no readiness probe gates it on the process. A router can therefore see a new
-pod (e.g. after a scale-up) a second before its sim listens; the routers then
-re-check after ``--worker-startup-check-interval`` (30 s by default), so a
-scaled-up worker joins ~30 s late here, where a cluster would add it once
-its /health probe passed.
+pod (e.g. after a scale-up) a second before its sim listens. So that it never
+meets a refused connection there (seen: prefill requests failing with HTTP 500
+during a scale-up in ``e2e/run.sh demo``), the harness binds the engine pod's
+API port itself and hands the listening socket to the sim (``--listen-fd``):
+a request sent meanwhile waits in the backlog for the ~1-2 s the sim takes to
+start, where a cluster would not have routed it yet. Workers the routers
+health-check before use are re-checked after
+``--worker-startup-check-interval`` (30 s by default), so such a scaled-up
+worker may join up to ~30 s late here.
 
     .venv/bin/python e2e/harness.py -n NAMESPACE [--kubeconfig FILE] [--log-dir DIR]
 
@@ -67,6 +72,7 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -88,10 +94,36 @@ ROUTER_ROLE = "router"
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "XDG_CACHE_HOME")
 
 
+# The routers the operator renders for, pinned (the routers' venv holds exactly these).
+ROUTER_PINS = ("vllm-router==0.1.17", "sglang-router==0.3.2")
+
+
 def default_router_python() -> Path:
-    """The routers' venv (created by tests/sim/conftest.py:router_python())."""
+    """The routers' venv (ensure_router_python() creates it)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "pd-operator" / "venvs" / "routers" / "bin" / "python"
+
+
+def router_python_ok(py: Path) -> bool:
+    check = [str(py), "-c", "import vllm_router, sglang_router, importlib.metadata as m; "
+             + " and ".join(f"m.version({n!r}) == {v!r}" for n, v in (pin.split("==") for pin in ROUTER_PINS))
+             + " or exit(1)"]
+    return py.exists() and subprocess.run(check, capture_output=True).returncode == 0
+
+
+def ensure_router_python(py: Path | None = None) -> Path:
+    """The routers' venv with the pinned routers, created (pip) when missing."""
+    py = Path(py or default_router_python())
+    if router_python_ok(py):
+        return py
+    venv = py.parent.parent
+    log(f"creating the routers' venv {venv} ({', '.join(ROUTER_PINS)})")
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", *ROUTER_PINS], check=True, timeout=900)
+    if not router_python_ok(py):
+        raise RuntimeError(f"{py}: the pinned routers ({', '.join(ROUTER_PINS)}) do not import")
+    return py
 
 
 def log(msg: str) -> None:
@@ -180,6 +212,9 @@ class Harness:
                 self._signal(pp, signal.SIGTERM, "harness stopped")
             for pp in procs:
                 self._terminate(pp, "harness stopped", signalled=True)
+            for pp in procs:
+                if not pp.alive():
+                    (self.log_dir / f"{pp.pod}.pid").unlink(missing_ok=True)
             self.procs.clear()
             self.draining.clear()
         self.api.close()
@@ -297,13 +332,31 @@ class Harness:
             # the sim is our package: make it importable whatever the cwd
             pkg_root = str(Path(__file__).resolve().parents[1] / "operator")
             proc_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, proc_env.get("PYTHONPATH")]))
+        pass_fds: tuple[int, ...] = ()
+        listener = None
+        if role != ROUTER_ROLE and http_port:
+            # The pod's API port listens before the sim starts (~1-2 s of imports):
+            # kwok marks the pod Ready at once, with no readiness probe run, so a
+            # router may send to it right away; held in the backlog, that request
+            # waits for the engine instead of failing with a refused connection.
+            listener = listen(ip, http_port)
+            sep = argv.index("--")  # the sim's options end here
+            argv[sep:sep] = ["--listen-fd", str(listener.fileno())]
+            pass_fds = (listener.fileno(),)
         log_path = self.log_dir / f"{name}.log"
         fh = log_path.open("ab")
         fh.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} pod {name} ({role}) ip {ip}\n# argv: {argv}\n".encode())
         fh.flush()
-        proc = subprocess.Popen(argv, env=proc_env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.log_dir, start_new_session=True)
-        fh.close()
+        try:
+            proc = subprocess.Popen(argv, env=proc_env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=self.log_dir, start_new_session=True, pass_fds=pass_fds)
+        finally:
+            fh.close()
+            if listener is not None:
+                listener.close()  # the process holds its own copy
+        # a pid file per process: whoever stops a harness that could not clean up
+        # (killed) finds what is left (e2e/run.py down)
+        (self.log_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         log(f"{name} ({role}) on {ip}: pid {proc.pid}")
         return PodProcess(name, pod.metadata.uid, role, ip, argv, env, log_path, proc, http_port,
                           prestop_seconds=prestop_sleep(container),
@@ -460,6 +513,24 @@ class Harness:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pp.proc.pid, signal.SIGKILL)
             pp.proc.wait(10)
+
+
+def listen(ip: str, port: int, timeout: float = 3.0) -> socket.socket:
+    """A listening socket on ip:port; retried briefly while a killed process of
+    the pod that had this IP before still holds it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((ip, port))
+            sock.listen(1024)
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def prestop_sleep(container) -> float:

@@ -41,9 +41,11 @@ Capacities (cpu, memory) are the instance types' published sizes, rounded;
 GB200 is an estimate, marked below).
 
 Pod IPs: every profile keeps the loopback scheme of e2e/cluster.py
-(podCIDR 127.100.<N>.0/24, InternalIP 127.101.0.<N+1>), with N offset per
-profile so that two local clusters of different profiles never hand out the
-same pod IP. Node names are gpu-node-<i> in every profile.
+(podCIDR 127.<P>.<N>.0/24, InternalIP 127.101.0.<N+1>), with N offset per
+profile and P the cluster's own pod octet (e2e/cluster.py ``pod_octet()``,
+derived from the cluster name; 100 when no cluster is named, as in
+e2e/controlplane/nodes.yaml), so two local clusters never hand out the same
+pod IP. Node names are gpu-node-<i> in every profile.
 """
 
 from __future__ import annotations
@@ -152,8 +154,14 @@ PROFILES: dict[str, dict] = {
 }
 
 
-def nodes(profile: str = DEFAULT_PROFILE) -> list[dict]:
-    """The Node objects of a profile (kwok fake nodes)."""
+# The pod octet of nodes.yaml and of callers that name no cluster.
+DEFAULT_POD_OCTET = 100
+
+
+def nodes(profile: str = DEFAULT_PROFILE, pod_octet: int = DEFAULT_POD_OCTET) -> list[dict]:
+    """The Node objects of a profile (kwok fake nodes); pod CIDRs 127.<pod_octet>.<N>.0/24."""
+    if not 1 <= pod_octet <= 254:
+        raise ValueError(f"pod_octet {pod_octet} is not the second octet of a 127.0.0.0/8 address (1..254)")
     if profile not in PROFILES:
         raise ValueError(f"unknown node profile {profile!r}: use one of {', '.join(PROFILES)}")
     p = PROFILES[profile]
@@ -182,7 +190,7 @@ def nodes(profile: str = DEFAULT_PROFILE) -> list[dict]:
             "metadata": {"name": name,
                          "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                          "labels": labels},
-            "spec": {"podCIDR": f"127.100.{n}.0/24", "podCIDRs": [f"127.100.{n}.0/24"]},
+            "spec": {"podCIDR": f"127.{pod_octet}.{n}.0/24", "podCIDRs": [f"127.{pod_octet}.{n}.0/24"]},
             "status": {
                 "addresses": [{"type": "InternalIP", "address": f"127.101.0.{n + 1}"},
                               {"type": "Hostname", "address": name}],
@@ -207,11 +215,11 @@ HEADER = """\
 """
 
 
-def to_yaml(profile: str = DEFAULT_PROFILE) -> str:
+def to_yaml(profile: str = DEFAULT_PROFILE, pod_octet: int = DEFAULT_POD_OCTET) -> str:
     import json
 
     # JSON is YAML: no PyYAML needed on the kind path. One document per node.
-    docs = [json.dumps(n, indent=1) for n in nodes(profile)]
+    docs = [json.dumps(n, indent=1) for n in nodes(profile, pod_octet)]
     return HEADER.format(profile=profile, doc=PROFILES[profile]["doc"]) + "".join(f"---\n{d}\n" for d in docs)
 
 

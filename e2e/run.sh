@@ -1,63 +1,39 @@
 #!/usr/bin/env bash
-# The main job (README): a PDInferenceService served by the operator.
+# The main job (README): a PDInferenceService served by the operator, answering.
 #
-#   e2e/run.sh [EXAMPLE.yaml]   local control plane (unless KUBECONFIG names a
-#                               cluster), CRD, operator, example, kubectl get pdservices
-#   e2e/run.sh down             stop the operator and the local control plane
+#   e2e/run.sh [EXAMPLE.yaml]   local world (no $KUBECONFIG): local control plane,
+#                               CRD, operator, local Prometheus (shipped scrape job),
+#                               harness (simulated engines + the real router) behind
+#                               the example's pods (default e2e/demo.yaml); prints
+#                               the endpoint, a curl that works, and TTFT/ITL in
+#                               `kubectl get pdservices`.
+#                               With $KUBECONFIG: CRD, operator and example on that
+#                               cluster, and what it expects there.
+#   e2e/run.sh demo [BENCH ARGS]  a short load through the router (pdctl bench):
+#                               progress, TTFT/ITL table, goodput, PNG plot
+#   e2e/run.sh down             stop everything it started (and the local cluster)
 #
-# The operator keeps running in the background (log and pid under
-# ${XDG_CACHE_HOME:-~/.cache}/pd-operator/run/); edit the example and re-apply it
-# to watch it reconcile.
+# Background processes (operator, prometheus, harness) keep pid and log files
+# under ${XDG_CACHE_HOME:-~/.cache}/pd-operator/run/<cluster>/; the logic is e2e/run.py.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-RUN_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator/run"
-mkdir -p "$RUN_DIR"
-PIDFILE="$RUN_DIR/operator.pid"
+if [[ ! -x .venv/bin/python ]]; then
+  echo "creating .venv (first run)"
+  python3 -m venv .venv
+fi
+# pip only when the packaging changed since the last run: a second run starts in seconds
+STAMP="$(cat pyproject.toml operator/tools/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)"
+if [[ "$(cat .venv/pd-installed.stamp 2>/dev/null)" != "$STAMP" ]] || ! .venv/bin/python -c 'import pd_operator, pd_operator_tools' 2>/dev/null; then
+  echo "installing the project into .venv (pip; once per change of pyproject.toml)"
+  .venv/bin/python -m pip install --quiet -e . -e ./operator/tools
+  echo "$STAMP" >.venv/pd-installed.stamp
+fi
 
-stop_operator() {
-  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-    kill "$(cat "$PIDFILE")"; sleep 1
+if [[ "${1:-}" != "down" && "${1:-}" != "demo" && -z "${KUBECONFIG:-}" ]]; then
+  if e2e/controlplane/build.sh --print | cut -d= -f2 | while read -r d; do [[ -d "$d" ]] || exit 1; done; then :; else
+    echo "building the local control plane (Go; cold: ~15-20 min on 2 cores, each step is timed below; cached afterwards)"
   fi
-  rm -f "$PIDFILE"
-}
-
-if [[ "${1:-}" == "down" ]]; then
-  stop_operator
-  [[ -n "${KUBECONFIG:-}" ]] || python3 e2e/cluster.py down
-  exit 0
-fi
-EXAMPLE="${1:-manifests/examples/vllm-nixl.yaml}"
-
-if [[ ! -x .venv/bin/python ]]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install --quiet -e . -e ./operator/tools
-
-if [[ -n "${KUBECONFIG:-}" ]]; then
-  KUBECTL=(kubectl)
-else
   e2e/controlplane/build.sh
-  KUBECONFIG="$(python3 e2e/cluster.py up | tail -n 1)"
-  export KUBECONFIG
-  KUBECTL=(python3 e2e/cluster.py kubectl)
 fi
-echo "cluster: $KUBECONFIG"
-
-# The repository's CRD is the truth: take over its fields from whoever applied
-# an older one (an earlier checkout, the integration tests on this cluster).
-"${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager=pd-operator-crd -f crds/pdinferenceservices.yaml
-"${KUBECTL[@]}" wait --for=condition=Established crd/pdinferenceservices.pdserving.io --timeout=60s
-
-stop_operator
-nohup .venv/bin/python -m pd_operator --all-namespaces --liveness-port 8080 --metrics-port 9090 \
-  >"$RUN_DIR/operator.log" 2>&1 &
-echo $! >"$PIDFILE"
-echo "operator: pid $(cat "$PIDFILE"), log $RUN_DIR/operator.log, metrics http://127.0.0.1:9090/metrics"
-
-.venv/bin/pdctl validate -f "$EXAMPLE"
-"${KUBECTL[@]}" apply -f "$EXAMPLE"
-NAME="$(.venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$EXAMPLE")"
-NS="$(.venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"].get("namespace","default"))' "$EXAMPLE")"
-"${KUBECTL[@]}" wait -n "$NS" --for=condition=Ready "pdservice/$NAME" --timeout=180s
-"${KUBECTL[@]}" get pdservices -A
-"${KUBECTL[@]}" get pods -n "$NS" -l "pdserving.io/service=$NAME" -o wide
-echo "stop with: e2e/run.sh down"
+exec .venv/bin/python e2e/run.py "$@"

@@ -378,6 +378,7 @@ def test_killed_mid_reconcile_converges(kube_cluster, crd, namespace, custom_obj
 def add_nodes(core_v1, count: int, first: int) -> list[str]:
     """More kwok GPU nodes, shaped like gpu-node-0, for tests that need them."""
     template = core_v1.read_node("gpu-node-0")
+    octet = template.spec.pod_cidr.split(".")[1]  # the cluster's own pod range (e2e/cluster.py pod_octet)
     names = []
     for i in range(first, first + count):
         name = f"gpu-node-{i}"
@@ -386,7 +387,7 @@ def add_nodes(core_v1, count: int, first: int) -> list[str]:
         node = {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
-            "spec": {"podCIDR": f"127.100.{i}.0/24", "podCIDRs": [f"127.100.{i}.0/24"]},
+            "spec": {"podCIDR": f"127.{octet}.{i}.0/24", "podCIDRs": [f"127.{octet}.{i}.0/24"]},
         }
         core_v1.create_node(node)
         status = {"status": {"capacity": template.status.capacity, "allocatable": template.status.allocatable}}

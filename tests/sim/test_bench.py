@@ -77,3 +77,38 @@ def test_bench_refuses_bad_input():
         asyncio.run(run_bench(BenchConfig(url="localhost:8000", rate=1.0), progress=False))
     with pytest.raises(ValueError):
         LengthDist.parse("zipf:10")
+
+
+def test_bench_says_when_the_duration_cut_n_short_and_reports_what_other_tools_do(procs, tmp_path):
+    """Issue 17: --duration used to cap -n silently ("143/143 completed" for
+    -n 150). Now the summary says it, and reports TPOT (per-request mean ITL)
+    apart from per-gap ITL, E2E latency, p95, input tok/s, concurrency and the
+    client's lag behind the arrival schedule; --warmup requests are not
+    counted; --csv has one row per request; without a terminal the progress is
+    plain lines, no carriage returns."""
+    import csv as _csv
+
+    host = loopback_host()
+    port = free_port(host)
+    procs.sim(SIM, host, port)
+    out, table = tmp_path / "b.json", tmp_path / "b.csv"
+    proc = subprocess.run([sys.executable, "-m", "pd_operator.cli", "bench", "--url", f"http://{host}:{port}",
+                           "--rate", "20", "-n", "150", "--duration", "1.5", "--isl", "100", "--osl", "fixed:8",
+                           "--completions", "--warmup", "2", "--seed", "5", "--json", str(out), "--csv", str(table)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    assert 10 < s["sent"] < 150 and s["stopped_by_duration"] and s["planned"] == 150
+    assert f"stopped at the 1.5 s duration: {s['sent']} of 150 sent" in proc.stdout
+    for label in ("ITL per gap", "TPOT (mean ITL per request)", "E2E latency", "p95", "input tok/s",
+                  "mean concurrency", "arrival schedule: send lag p99"):
+        assert label in proc.stdout, label
+    assert s["input_tokens"] == 100 * s["completed"]
+    assert s["latency_s"]["p50"] >= s["ttft_s"]["p50"]
+    assert s["mean_itl_per_request_s"]["p50"] is not None and s["schedule_lag_s"]["max"] is not None
+    assert s["warmup"] == 2 and sorted(r["index"] for r in doc["requests"]) == list(range(s["sent"]))
+    rows = list(_csv.DictReader(table.open()))
+    assert len(rows) == s["sent"] and all(float(r["latency_s"]) >= float(r["ttft_s"]) for r in rows if r["ok"] == "1")
+    assert "\r" not in proc.stderr  # plain lines, no bar redrawn into the log
+    assert f"bench: {s['completed']}/{s['sent']} done" in proc.stderr  # the last line says where it ended

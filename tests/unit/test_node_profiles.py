@@ -120,3 +120,40 @@ def test_the_default_cluster_nodes_are_hgx_without_clique():
     for d in docs:
         assert d["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
         assert "nvidia.com/gpu.clique" not in d["metadata"]["labels"]
+
+
+def test_each_local_cluster_hands_out_its_own_pod_ips():
+    """The main job's cluster (pd-local) and the tests' (pd-test) shared
+    127.100.x.y: a harness of one could bind an address the other handed out.
+    Each cluster's nodes and kwok fallback now take the cluster's own octet."""
+    import ipaddress
+
+    cluster = load_e2e_module("cluster")
+    seen = {}
+    for name in ("pd-local", "pd-test"):
+        octet = cluster.pod_octet(name)
+        assert octet == cluster.pod_octet(name)  # stable
+        assert octet in cluster.POD_OCTETS
+        nets = [ipaddress.ip_network(n["spec"]["podCIDR"]) for p in profiles.PROFILES for n in profiles.nodes(p, octet)]
+        nets.append(ipaddress.ip_network(cluster.kwok_fallback_pod_cidr(name)))
+        assert f"value: {cluster.kwok_fallback_pod_cidr(name)}" in cluster._kwokctl_config(name)
+        for net in nets:
+            assert net.subnet_of(ipaddress.ip_network(f"127.{octet}.0.0/16"))
+            assert not net.overlaps(ipaddress.ip_network(cluster.SERVICE_CIDR))
+        seen[name] = nets
+    assert not any(a.overlaps(b) for a in seen["pd-local"] for b in seen["pd-test"])
+
+
+def test_each_local_cluster_listens_on_its_own_ports():
+    """kwokctl picked the same free ports (32764...) for clusters created while
+    the other was stopped: a warm start of one then waited for an API server
+    that could not listen, the other's etcd holding its port. Each cluster now
+    names its own block, below the ephemeral range."""
+    cluster = load_e2e_module("cluster")
+    a, b = cluster.ports("pd-local"), cluster.ports("pd-test")
+    assert len(set(a.values())) == len(cluster.PORT_NAMES) and not set(a.values()) & set(b.values())
+    for name, ports in (("pd-local", a), ("pd-test", b)):
+        assert all(1024 < p < 32768 for p in ports.values())
+        config = cluster._kwokctl_config(name)
+        for key, port in ports.items():
+            assert f"  {key}: {port}\n" in config

@@ -29,6 +29,8 @@ def sim_parser() -> argparse.ArgumentParser:
                                 description="simulated vLLM/SGLang engine; give the engine command after --")
     p.add_argument("--bind", help="address to listen on instead of the command's --host (e.g. the pod IP)")
     p.add_argument("--bind-port", type=int, help="port to listen on instead of the command's --port")
+    p.add_argument("--listen-fd", type=int, help="serve HTTP on this inherited, already listening socket "
+                   "(bound to --bind/--bind-port by the caller; connections made before the sim started wait in its backlog)")
     p.add_argument("--efficiency", choices=("fused", "pytorch"), default="fused",
                    help="engine efficiency vs the PyTorch calibration (fused: ~4 ms fixed decode, ~39 ns/cached token)")
     p.add_argument("--kv-link", choices=sorted(LINKS), default="rdma", help="KV transfer path (rdma 50 GB/s + 1 ms)")
@@ -115,7 +117,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         side_channel_port=int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),
         efficiency=Efficiency.named(opts.efficiency), link=link,
         default_max_tokens=opts.default_max_tokens,
-        shutdown_timeout=shutdown_timeout,
+        shutdown_timeout=shutdown_timeout, listen_fd=opts.listen_fd,
     )
 
 

@@ -110,6 +110,10 @@ class SimConfig:
     # SIGTERM: vLLM --shutdown-timeout (0 aborts in-flight requests, N drains up
     # to N s); None for SGLang, which drains until no request is left.
     shutdown_timeout: Optional[int] = 0
+    # a socket already listening on host:port, inherited (--listen-fd): the e2e
+    # harness binds it before the process starts, as a readiness probe would
+    # hold traffic back, so a router never meets a refused connection meanwhile
+    listen_fd: Optional[int] = None
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     @property
@@ -173,7 +177,12 @@ class SimServer:
         self._session = ClientSession(timeout=ClientTimeout(total=None))
         runner = web.AppRunner(self.app(), access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, cfg.host, cfg.port).start()
+        if cfg.listen_fd is not None:
+            import socket
+
+            await web.SockSite(runner, socket.socket(fileno=cfg.listen_fd)).start()
+        else:
+            await web.TCPSite(runner, cfg.host, cfg.port).start()
         self._runners.append(runner)
         if cfg.flavor == "sglang" and cfg.role == "prefill" and cfg.bootstrap_port:
             boot = web.Application()

@@ -2,7 +2,10 @@
 
 Load: Poisson arrivals at ``--rate`` req/s, or ``--concurrency`` clients in a
 closed loop; bounded by ``--num-requests`` and ``--duration`` (no request is
-started after the duration; in-flight ones get ``--drain-timeout``).
+started after the duration; in-flight ones get ``--drain-timeout``). When the
+duration stops the run before ``-n`` requests were sent, the summary says so
+("stopped at the 60 s duration: 143 of 150 sent"). ``--warmup N`` sends N
+requests one after the other first, not counted.
 Lengths: ``--isl`` / ``--osl`` as ``N``, ``fixed:N``, ``uniform:MEAN[:HALFWIDTH_FRAC]``
 or ``lognormal:MEAN[:SIGMA]``, seeded.
 
@@ -14,16 +17,27 @@ against a simulated engine the prompt has exactly ISL tokens; against a real
 tokenizer it is approximately ISL.
 
 Measured per request: TTFT = first content chunk - send; ITL = gaps between
-content chunks after the first (one chunk per token on vLLM/SGLang defaults);
-output tokens from ``usage`` when the server sends it (``include_usage``),
-else the chunk count.  Goodput: requests that completed with TTFT < the TTFT
-SLO and mean ITL < the ITL SLO (defaults 1 s and 50 ms), per second and as a
-share of all requests sent.
+content chunks after the first (one chunk per token on vLLM/SGLang defaults),
+reported over every gap ("ITL per gap"); TPOT = the request's mean ITL,
+(last chunk - first chunk) / (output tokens - 1), what the goodput SLO uses and
+what other tools call ITL or TPOT; E2E latency = last byte - send. Output
+tokens from ``usage`` when the server sends it (``include_usage``), else the
+chunk count; input tokens from ``usage`` too, else the planned ISL.
+Goodput: requests that completed with TTFT < the TTFT SLO and TPOT < the ITL
+SLO (defaults 1 s and 50 ms), per second and as a share of all requests sent.
+Mean concurrency: the sum of the requests' latencies over the wall time.
+
+Did the client keep up? With ``--rate`` each request has a scheduled send time;
+its lag is the actual send time minus that. A client that falls behind (a busy
+machine, too high a rate for one event loop) sends fewer requests per second
+than asked and measures a lighter load: the summary reports the lag (p99, max)
+and warns when p99 exceeds 50 ms.
 """
 
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import random
 import sys
@@ -63,6 +77,16 @@ class Result:
     output_tokens: int = 0
     prompt_tokens: Optional[int] = None
     latency: Optional[float] = None
+    scheduled: Optional[float] = None  # planned send time (``--rate``), seconds since the start
+
+    @property
+    def lag(self) -> Optional[float]:
+        """Actual minus scheduled send time: how far the client fell behind."""
+        return None if self.scheduled is None else self.start - self.scheduled
+
+    @property
+    def input_tokens(self) -> int:
+        return self.prompt_tokens if self.prompt_tokens is not None else self.isl
 
     @property
     def itls(self) -> list:
@@ -93,6 +117,10 @@ class BenchConfig:
     itl_slo: float = 0.05
     timeout: float = 300.0
     drain_timeout: float = 120.0
+    warmup: int = 0
+
+# p99 schedule lag above which the summary says the client did not keep up
+LAG_WARN_S = 0.05
 
 
 def check_url(url: str) -> str:
@@ -108,43 +136,78 @@ def check_url(url: str) -> str:
     return base
 
 
-def summarize(results: list[Result], wall: float, cfg: BenchConfig) -> dict:
-    """:func:`~pd_operator_tools.workload.summarize` plus wall-clock rates."""
+def summarize(results: list[Result], wall: float, cfg: BenchConfig, planned: Optional[int] = None,
+              stopped_by_duration: bool = False) -> dict:
+    """:func:`~pd_operator_tools.workload.summarize` plus wall-clock rates,
+    end-to-end latency, input tokens, concurrency and schedule lag."""
+    from ..workload import quantiles
+
     s = summarize_requests(results, cfg.ttft_slo, cfg.itl_slo)
-    out_tokens = sum(r.output_tokens for r in results if r.ok)
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.input_tokens for r in ok)
     per_s = (lambda n: n / wall) if wall > 0 else (lambda n: 0.0)
+    lags = [r.lag for r in results if r.lag is not None]
+    lag_q = quantiles(lags) | {"max": max(lags) if lags else None}
     return s | {
+        "planned": cfg.num_requests if planned is None else planned,
+        "stopped_by_duration": stopped_by_duration,
+        "duration_limit_s": cfg.duration,
+        "warmup": cfg.warmup,
         "duration_s": wall,
+        "latency_s": quantiles([r.latency for r in ok if r.latency is not None]),
         "request_throughput": per_s(s["completed"]),
         "output_token_throughput": per_s(out_tokens),
+        "input_token_throughput": per_s(in_tokens),
         "output_tokens": out_tokens,
+        "input_tokens": in_tokens,
+        "mean_concurrency": per_s(sum(r.latency for r in results if r.latency is not None)),
         "goodput_rps": per_s(s["good"]),
+        "schedule_lag_s": lag_q,
+        "client_kept_up": None if not lags else lag_q["p99"] <= LAG_WARN_S,
         "errors": sorted({r.error for r in results if r.error})[:10],
     }
 
 
 class _Progress:
-    def __init__(self, total: int, stream=sys.stderr):
+    """A bar redrawn with ``\\r`` on a terminal; elsewhere (a log, a pipe) a plain
+    line every ``every`` seconds and at the end, so logs hold no ``\\r`` runs."""
+
+    def __init__(self, total: int, stream=sys.stderr, every: float = 5.0):
         self.total, self.done, self.failed, self.stream = total, 0, 0, stream
         self.t0 = time.monotonic()
         self.enabled = True
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.every, self._last_line = every, self.t0
 
     def tick(self, ok: bool) -> None:
         self.done += 1
         self.failed += 0 if ok else 1
         if not self.enabled:
             return
-        width = 30
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         el = time.monotonic() - self.t0
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} done, {self.failed} failed, {el:5.1f}s")
+        if self.tty:
+            width = 30
+            frac = min(1.0, self.done / self.total) if self.total else 1.0
+            bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+            self.stream.write(f"\r[{bar}] {self.done}/{self.total} done, {self.failed} failed, {el:5.1f}s")
+        elif self.done == self.total or time.monotonic() - self._last_line >= self.every:
+            self._last_line = time.monotonic()
+            self.stream.write(f"bench: {self.done}/{self.total} done, {self.failed} failed, {el:.1f}s\n")
+        else:
+            return
         self.stream.flush()
 
-    def close(self) -> None:
-        if self.enabled:
+    def close(self, sent: int | None = None) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
             self.stream.write("\n")
-            self.stream.flush()
+        elif self.done != self.total or sent is not None and sent != self.total:
+            el = time.monotonic() - self.t0
+            self.stream.write(f"bench: {self.done}/{self.total if sent is None else sent} done, "
+                              f"{self.failed} failed, {el:.1f}s\n")
+        self.stream.flush()
 
 
 async def _one(session, base: str, cfg: BenchConfig, res: Result, rng: random.Random, t_bench0: float) -> None:
@@ -203,6 +266,9 @@ async def _one(session, base: str, cfg: BenchConfig, res: Result, rng: random.Ra
                 res.error = "no content in the response"
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
         res.error = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        if res.latency is None:
+            res.latency = time.monotonic() - t0  # a failed request occupied the server this long
 
 
 async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list[Result]]:
@@ -218,13 +284,21 @@ async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list
     results: list[Result] = []
     bar = _Progress(cfg.num_requests)
     bar.enabled = progress
-    t_bench0 = time.monotonic()
-    deadline = t_bench0 + cfg.duration
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    stopped_by_duration = False
     async with aiohttp.ClientSession(connector=conn) as session:
+        for w in range(cfg.warmup):  # one after the other, not counted
+            wres = Result(-1 - w, 0.0, *plan[w % len(plan)]) if plan else None
+            if wres is not None:
+                await _one(session, base, cfg, wres, random.Random(cfg.seed * 7 + w), time.monotonic())
+                if not wres.ok and progress:
+                    print(f"pdctl bench: warm-up request failed: {wres.error}", file=sys.stderr)
+        t_bench0 = time.monotonic()
+        started_at = time.time()  # wall clock of t_bench0, to line other samples up with the requests
+        deadline = t_bench0 + cfg.duration
 
-        async def go(i: int) -> None:
-            res = Result(i, 0.0, *plan[i])
+        async def go(i: int, scheduled: Optional[float] = None) -> None:
+            res = Result(i, 0.0, *plan[i], scheduled=scheduled)
             results.append(res)
             await _one(session, base, cfg, res, random.Random(cfg.seed * 1_000_003 + i), t_bench0)
             bar.tick(res.ok)
@@ -235,15 +309,18 @@ async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list
             for i in range(cfg.num_requests):
                 t += gaps[i]
                 if t > deadline:
+                    stopped_by_duration = True
                     break
                 await asyncio.sleep(max(0.0, t - time.monotonic()))
-                tasks.append(asyncio.create_task(go(i)))
+                tasks.append(asyncio.create_task(go(i, t - t_bench0)))
         else:
             counter = iter(range(cfg.num_requests))
 
             async def worker() -> None:
+                nonlocal stopped_by_duration
                 for i in counter:
                     if time.monotonic() > deadline:
+                        stopped_by_duration = True
                         return
                     await go(i)
 
@@ -252,31 +329,61 @@ async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list
             _done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()) + cfg.drain_timeout)
             for p in pending:
                 p.cancel()
-    bar.close()
+    bar.close(len(results))
     wall = time.monotonic() - t_bench0
     for r in results:
         if not r.ok and not r.error:
             r.error = "cancelled (duration + drain timeout)"
     results.sort(key=lambda r: r.index)
-    return summarize(results, wall, cfg), results
+    summary = summarize(results, wall, cfg, stopped_by_duration=stopped_by_duration and len(results) < cfg.num_requests)
+    return summary | {"started_at": started_at}, results
 
 
 def format_summary(s: dict) -> str:
     def ms(v):
-        return "-" if v is None else f"{v * 1e3:8.1f}"
-    lines = [
-        f"requests: {s['completed']}/{s['sent']} completed ({s['failed']} failed) in {s['duration_s']:.1f} s",
-        f"throughput: {s['request_throughput']:.2f} req/s, {s['output_token_throughput']:.1f} output tok/s",
-        f"{'':10}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}  (ms)",
+        return "       -" if v is None else f"{v * 1e3:8.1f}"
+    sent = f"{s['completed']}/{s['sent']} completed ({s['failed']} failed) in {s['duration_s']:.1f} s"
+    if s.get("warmup"):
+        sent += f", after {s['warmup']} warm-up request(s) not counted"
+    lines = [f"requests: {sent}"]
+    if s.get("stopped_by_duration"):
+        lines.append(f"stopped at the {s['duration_limit_s']:g} s duration: {s['sent']} of {s['planned']} sent "
+                     "(raise --duration to send all of -n)")
+    lines += [
+        f"throughput: {s['request_throughput']:.2f} req/s, {s['input_token_throughput']:.1f} input tok/s, "
+        f"{s['output_token_throughput']:.1f} output tok/s; mean concurrency {s['mean_concurrency']:.1f}",
+        f"{'(ms)':28}{'mean':>9}{'p50':>9}{'p90':>9}{'p95':>9}{'p99':>9}",
     ]
-    for label, key in (("TTFT", "ttft_s"), ("ITL", "itl_s")):
+    for label, key in (("TTFT", "ttft_s"), ("ITL per gap (all tokens)", "itl_s"),
+                       ("TPOT (mean ITL per request)", "mean_itl_per_request_s"), ("E2E latency", "latency_s")):
         d = s[key]
-        lines.append(f"{label:10}{ms(d['mean'])} {ms(d['p50'])} {ms(d['p90'])} {ms(d['p99'])}")
-    lines.append(f"goodput (TTFT < {s['slo']['ttft_s'] * 1e3:g} ms and mean ITL < {s['slo']['mean_itl_s'] * 1e3:g} ms): "
+        lines.append(f"{label:28}" + " ".join(ms(d[q]) for q in ("mean", "p50", "p90", "p95", "p99")))
+    lines.append(f"goodput (TTFT < {s['slo']['ttft_s'] * 1e3:g} ms and TPOT < {s['slo']['mean_itl_s'] * 1e3:g} ms): "
                  f"{s['goodput_rps']:.2f} req/s, {100 * s['goodput_fraction']:.1f}% of requests")
+    lag = s.get("schedule_lag_s") or {}
+    if lag.get("p99") is not None:
+        kept = "kept up with" if s["client_kept_up"] else "FELL BEHIND"
+        lines.append(f"client {kept} the arrival schedule: send lag p99 {lag['p99'] * 1e3:.1f} ms, "
+                     f"max {lag['max'] * 1e3:.1f} ms"
+                     + ("" if s["client_kept_up"] else " (the load was lighter than asked: lower --rate or "
+                        "run the client on a less busy machine)"))
     if s["errors"]:
         lines.append("errors: " + "; ".join(s["errors"]))
     return "\n".join(lines)
+
+
+CSV_FIELDS = ("index", "scheduled_s", "start_s", "lag_s", "isl", "osl", "input_tokens", "output_tokens", "ok",
+              "ttft_s", "tpot_s", "latency_s", "error")
+
+
+def write_csv(path: str, results: list[Result]) -> None:
+    """One row per request (seconds; empty when not measured)."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_FIELDS)
+        for r in results:
+            w.writerow([r.index, r.scheduled, r.start, r.lag, r.isl, r.osl, r.input_tokens, r.output_tokens,
+                        int(r.ok), r.ttft, r.mean_itl, r.latency, r.error])
 
 
 def main_bench(args) -> int:
@@ -284,7 +391,7 @@ def main_bench(args) -> int:
                       concurrency=args.concurrency, num_requests=args.num_requests, duration=args.duration,
                       isl=args.isl, osl=args.osl, chat=not args.completions, seed=args.seed,
                       ttft_slo=args.ttft_slo, itl_slo=args.itl_slo, timeout=args.timeout,
-                      drain_timeout=args.drain_timeout)
+                      drain_timeout=args.drain_timeout, warmup=args.warmup)
     try:
         LengthDist.parse(cfg.isl), LengthDist.parse(cfg.osl)
         summary, results = asyncio.run(run_bench(cfg, progress=not args.quiet))
@@ -297,10 +404,13 @@ def main_bench(args) -> int:
                "requests": [asdict(r) | {"itls": r.itls} for r in results]}
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
+    if args.csv:
+        write_csv(args.csv, results)
     if args.plot:
         from .plot import write_png
 
         write_png(args.plot, results, cfg.ttft_slo, cfg.itl_slo)
+        print(f"plot: {args.plot}")
     return 0 if summary["completed"] else 1
 
 
@@ -313,7 +423,9 @@ def add_parser(sub) -> None:
     load.add_argument("--rate", type=float, help="Poisson arrival rate, requests/s")
     load.add_argument("--concurrency", type=int, help="fixed number of clients in a closed loop")
     p.add_argument("-n", "--num-requests", type=int, default=100, help="at most this many requests (default 100)")
-    p.add_argument("--duration", type=float, default=60.0, help="start no request after this many seconds (default 60)")
+    p.add_argument("--duration", type=float, default=60.0,
+                   help="start no request after this many seconds (default 60); the summary says when it cut -n short")
+    p.add_argument("--warmup", type=int, default=0, metavar="N", help="send N requests one by one first, not counted")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="wait this long for in-flight requests after the duration")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s")
     p.add_argument("--isl", default="512", help="input length: N | fixed:N | uniform:MEAN[:FRAC] | lognormal:MEAN[:SIGMA]")
@@ -324,5 +436,6 @@ def add_parser(sub) -> None:
     p.add_argument("--itl-slo", type=float, default=0.05, help="goodput SLO on mean ITL, seconds (default 0.05)")
     p.add_argument("--json", metavar="FILE", help="write summary and per-request records as JSON")
     p.add_argument("--plot", metavar="FILE", help="write a PNG: TTFT and mean ITL per request over time")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--csv", metavar="FILE", help="write one CSV row per request (times in seconds)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress (a bar on a terminal, periodic lines otherwise)")
     p.set_defaults(func=main_bench)
