@@ -67,6 +67,14 @@ class EngineAdapter(ABC):
     def command(self, role: str) -> list[str]:
         """The full command line of the engine container for a role."""
 
+    def group_command(self, role: str, leader: bool) -> list[str]:
+        """The command of a leader or worker pod of a replica that spans nodes."""
+        raise NotImplementedError(f"{self.kind}: replicas over several nodes")
+
+    def group_ports(self, role: str) -> list[dict]:
+        """Extra container ports of a group's leader (the engine's multi-node rendezvous)."""
+        return []
+
     @abstractmethod
     def engine_env(self, role: str) -> list[dict]:
         """Engine-specific environment of a role (KV transfer, auth)."""
