@@ -153,3 +153,42 @@ def test_only_leaders_serve_http_and_routers_select_only_them():
         rest = argv[argv.index(flag) + 1:]
         labels = rest[: next(i for i, a in enumerate(rest) if a.startswith("--"))]
         assert "leaderworkerset.sigs.k8s.io/worker-index=0" in labels, (flag, labels)
+
+
+# -- status and autoscaling count groups -------------------------------------------
+
+from pd_operator.autoscale import fit  # noqa: E402
+from pd_operator.controller.status import _pool_condition, pool_status  # noqa: E402
+
+
+def gpu_node(name: str, gpus: int = 8) -> dict:
+    return {"metadata": {"name": name, "labels": {}},
+            "spec": {}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_free_gpu_cap_counts_whole_groups():
+    lws = workloads(sglang_wide_ep())["decode"]          # groups of 4 pods x 8 GPUs
+    template, size = fit.workload_template(lws)
+    assert size == 4
+    nodes = [gpu_node(f"n{i}") for i in range(7)]
+    free = fit.free_gpus(nodes, [], "nvidia.com/gpu")
+    assert fit.room(free, nodes, template, "nvidia.com/gpu", size) == 1   # 7 free nodes hold one group of 4
+    fit.take(free, nodes, template, "nvidia.com/gpu", 1, size)
+    assert sum(free.values()) == 3 * 8
+
+
+def pending_pod(name: str, group: str) -> dict:
+    return {"metadata": {"name": name, "labels": {"leaderworkerset.sigs.k8s.io/group-index": group}},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "message": "0/7 nodes are available: Insufficient nvidia.com/gpu"}]}}
+
+
+def test_status_counts_groups_not_pods():
+    svc = validate_service(sglang_wide_ep())
+    lws = {**workloads(sglang_wide_ep())["decode"], "status": {"replicas": 2, "readyReplicas": 1}}
+    cond, _ = _pool_condition(svc, "decode", lws, [], 1)
+    assert cond["status"] == "False" and "1/2 decode groups of 4 pods ready" in cond["message"]
+    # three pods of one group pending are one replica held back, not three
+    pods = [pending_pod(f"p{i}", "1") for i in range(3)]
+    assert pool_status(lws, pods)["pendingReplicas"] == 1

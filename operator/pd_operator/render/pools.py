@@ -41,6 +41,11 @@ def spans_nodes(svc: PDInferenceService, role: str) -> bool:
     return nodes_per_replica(svc, role) > 1
 
 
+def pool_kind(svc: PDInferenceService, role: str) -> str:
+    """The kind of the object that runs a pool."""
+    return "LeaderWorkerSet" if spans_nodes(svc, role) else "StatefulSet"
+
+
 def serving_selector(svc: PDInferenceService, role: str) -> dict[str, str]:
     """Labels of the pods that serve a pool's HTTP API: every pod of a one-node
     pool; only the leader (LWS worker index 0) of each group of a pool whose
