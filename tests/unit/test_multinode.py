@@ -192,3 +192,22 @@ def test_status_counts_groups_not_pods():
     # three pods of one group pending are one replica held back, not three
     pods = [pending_pod(f"p{i}", "1") for i in range(3)]
     assert pool_status(lws, pods)["pendingReplicas"] == 1
+
+
+def test_per_rail_rdma_and_wide_ep_fabric_env():
+    obj = sglang_wide_ep(kvTransfer={"backend": "mooncake", "rdma": {
+        "railResourceNames": [f"nvidia.com/rail{i}" for i in range(8)], "ibDevices": ["mlx5_0", "mlx5_1"],
+        "gidIndex": 3, "trafficClass": 106}})
+    objs = workloads(obj)
+    for role in ("prefill", "decode"):
+        c = objs[role]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        assert all(c["resources"]["limits"][f"nvidia.com/rail{i}"] == 1 for i in range(8))
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1" and env["NVSHMEM_HCA_LIST"] == "mlx5_0:1,mlx5_1:1"
+        assert env["NVSHMEM_ENABLE_NIC_PE_MAPPING"] == "1"
+        assert env["NCCL_IB_GID_INDEX"] == env["NVSHMEM_IB_GID_INDEX"] == "3"
+        assert env["NCCL_IB_TC"] == env["NVSHMEM_IB_TRAFFIC_CLASS"] == "106"
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]  # RDMA memory registration
+    # a one-node pool without DeepEP gets no collective-fabric env
+    one = workloads(minimal("sglang", kvTransfer=obj["spec"]["kvTransfer"]))["decode"]
+    assert not any(e["name"].startswith(("NCCL_", "NVSHMEM_")) for e in one["spec"]["template"]["spec"]["containers"][0]["env"])

@@ -377,6 +377,22 @@ class RdmaSpec(Base):
         "plugin), rdma/ib, nvidia.com/hostdev (SR-IOV), vpc.amazonaws.com/efa (AWS). Unset: no RDMA resource is requested.",
     )
     count: int = Field(1, ge=1, le=32, description="How many of resourceName each engine pod requests.")
+    rail_resource_names: list[QualifiedName] = Field(
+        default_factory=list, max_length=16,
+        description="One device-plugin resource per NIC (rail-optimised fabrics: each GPU's own NIC, e.g. "
+        "[nvidia.com/rail0, ..., nvidia.com/rail7]); each engine pod requests one of each. Used alongside or instead of "
+        "resourceName/count.",
+    )
+    gid_index: Optional[int] = Field(
+        None, ge=0, le=255,
+        description="RoCE GID index of the NICs (often 3 for RoCEv2): sets NCCL_IB_GID_INDEX and NVSHMEM_IB_GID_INDEX "
+        "(DeepEP's internode all-to-all runs on NVSHMEM) on pools whose replicas span nodes or use deepepMode.",
+    )
+    traffic_class: Optional[int] = Field(
+        None, ge=0, le=255,
+        description="IB/RoCE traffic class (QoS) for collective traffic: sets NCCL_IB_TC and NVSHMEM_IB_TRAFFIC_CLASS "
+        "on pools whose replicas span nodes or use deepepMode.",
+    )
     networks: list[Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-a-z0-9./@]+$")]] = Field(
         default_factory=list, max_length=16,
         description="Multus networks to attach (k8s.v1.cni.cncf.io/networks annotation), e.g. [default/rdma-net].",
@@ -1032,7 +1048,8 @@ class PDInferenceServiceSpec(Base):
         _dp_attention_rule("decode"),
         Rule(
             cel="!has(self.kvTransfer.mooncake.protocol) || self.kvTransfer.mooncake.protocol != 'rdma' || "
-            "has(self.kvTransfer.rdma.resourceName) || (has(self.kvTransfer.rdma.ibDevices) && size(self.kvTransfer.rdma.ibDevices) > 0)",
+            "has(self.kvTransfer.rdma.resourceName) || (has(self.kvTransfer.rdma.ibDevices) && size(self.kvTransfer.rdma.ibDevices) > 0) || "
+            "(has(self.kvTransfer.rdma.railResourceNames) && size(self.kvTransfer.rdma.railResourceNames) > 0)",
             message="kvTransfer.mooncake.protocol rdma needs an RDMA device in the pods (the Mooncake transfer engine fails "
             "to start without one): set kvTransfer.rdma.resourceName (and ibDevices), or protocol tcp, or leave protocol "
             "unset to get tcp without RDMA",
@@ -1094,7 +1111,7 @@ class PDInferenceServiceSpec(Base):
 
     def rdma_configured(self) -> bool:
         rdma = self.kv_transfer.rdma
-        return bool(rdma.resource_name or rdma.ib_devices)
+        return bool(rdma.resource_name or rdma.ib_devices or rdma.rail_resource_names)
 
     def mooncake_protocol(self) -> str:
         """The Mooncake protocol the engines get: the one set, else rdma only when the pods get an RDMA device."""

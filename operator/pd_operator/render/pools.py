@@ -109,6 +109,8 @@ def _resources(svc: PDInferenceService, role: str) -> dict:
     rdma = spec.kv_transfer.rdma
     if rdma.resource_name:
         extended[rdma.resource_name] = rdma.count
+    for rail in rdma.rail_resource_names:
+        extended[rail] = extended.get(rail, 0) + 1
     # Extended resources must be equal in requests and limits.
     requests.update(extended)
     limits.update(extended)
