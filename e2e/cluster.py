@@ -557,13 +557,24 @@ def start_lws(name: str = DEFAULT_NAME, timeout: float = 60.0) -> None:
 
     d = _lws_dir(name)
     d.mkdir(parents=True, exist_ok=True)
-    crd = binary("lws-controller").parent / "crds" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd), name=name)
-    kubectl("wait", "--for=condition=Established", "--timeout=30s",
-            "crd/leaderworkersets.leaderworkerset.x-k8s.io", name=name)
+    crd = binary("lws-controller").parent / "crds"  # every CRD the controller watches
+    def must(*args: str, input: str | None = None) -> str:
+        r = kubectl(*args, name=name, check=False, input=input)
+        if r.returncode:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])} failed: {r.stderr.strip()}")
+        return r.stdout
+
+    must("apply", "--server-side", "--force-conflicts", "-f", str(crd))  # the directory
+
+    def established() -> bool:
+        r = kubectl("get", "crd", "leaderworkersets.leaderworkerset.x-k8s.io", "-o",
+                    "jsonpath={.status.conditions[?(@.type=='Established')].status}", name=name, check=False)
+        return r.returncode == 0 and r.stdout.strip() == "True"
+
+    _wait("LeaderWorkerSet CRD established", established, timeout)
     ca = _lws_certs(d)
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", name=name,
-            input="\n---\n".join(json.dumps(doc) for doc in lws_webhook_configurations(ca)))
+    must("apply", "--server-side", "--force-conflicts", "-f", "-",
+         input="\n---\n".join(json.dumps(doc) for doc in lws_webhook_configurations(ca)))
     if _lws_pid(name):
         log("lws-controller already running")
         return

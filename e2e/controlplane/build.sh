@@ -212,7 +212,8 @@ build_lws() {
   # and config/webhook (manifests.yaml + the kustomize patches that restrict
   # the pod webhooks to LWS pods; e2e/cluster.py applies them).
   moddir="$(cd "$HERE/lws" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)"
-  cp "$moddir"/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml "$tmp/crds/"
+  # every CRD the controller watches: LeaderWorkerSet and (v0.9.0) DisaggregatedSet
+  cp "$moddir"/config/crd/bases/*.yaml "$tmp/crds/"
   cp "$moddir"/config/webhook/manifests.yaml "$moddir"/config/webhook/mutating-patch.yaml \
      "$moddir"/config/webhook/validating-patch.yaml "$tmp/webhook/"
   chmod -R u+w "$tmp"   # the module cache is read-only
