@@ -110,6 +110,7 @@ class SimConfig:
     # SIGTERM: vLLM --shutdown-timeout (0 aborts in-flight requests, N drains up
     # to N s); None for SGLang, which drains until no request is left.
     shutdown_timeout: Optional[int] = 0
+    group: Optional[Any] = None  # enginesim.group.Group: a replica over several nodes
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     @property
@@ -237,6 +238,8 @@ class SimServer:
     async def health(self, _request: web.Request) -> web.Response:
         if self.draining and self.cfg.flavor == "sglang":
             return web.Response(status=503)  # http_server.py health_generate: gracefully_exit
+        if self.cfg.group is not None and not self.cfg.group.complete:
+            return web.Response(status=503)  # a replica over nodes serves once every node joined (group.py)
         return web.Response(status=200)
 
     async def metrics(self, _request: web.Request) -> web.Response:
