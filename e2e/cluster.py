@@ -63,6 +63,7 @@ import contextlib
 import datetime as _dt
 import fcntl
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,7 @@ def bin_dirs() -> dict[str, Path]:
         "kwok": b / f"kwok-{v['KWOK_VERSION']}",
         "helm": b / f"helm-{v['HELM_VERSION']}",
         "prometheus": b / f"prometheus-{v['PROMETHEUS_VERSION']}",
+        "lws": b / f"lws-{v['LWS_VERSION']}",
     }
 
 
@@ -157,6 +159,7 @@ def binary(name: str) -> Path:
         "kube-scheduler": d["k8s"], "kubectl": d["k8s"], "etcd": d["etcd"],
         "kwok": d["kwok"], "kwokctl": d["kwok"], "helm": d["helm"],
         "prometheus": d["prometheus"], "promtool": d["prometheus"],
+        "lws-controller": d["lws"],
     }[name]
     return where / name
 
@@ -164,7 +167,7 @@ def binary(name: str) -> Path:
 def binaries_present() -> bool:
     return all(binary(n).is_file() for n in (
         "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-        "etcd", "kwok", "kwokctl"))
+        "etcd", "kwok", "kwokctl", "lws-controller"))
 
 
 def ensure_built() -> None:
@@ -508,6 +511,7 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = N
         register_nodes(name)
         _wait(f"{_node_count(name)} GPU nodes Ready ({profile})", lambda: _nodes_ready(name), timeout)
         _wait("default service account", lambda: _default_sa_exists(name), timeout)
+        start_lws(name)
         log(f"cluster {name} up in {time.monotonic() - t0:.1f}s")
     return kubeconfig_path(name)
 
@@ -519,6 +523,154 @@ def _wait_exited(name: str, procs: dict[str, int], timeout: float = 30) -> None:
     _wait("components to exit",
           lambda: not running_components(name) and not [p for c, p in procs.items() if _alive(p) and _ours(name, c, p)],
           timeout)
+# --- LeaderWorkerSet controller ------------------------------------------------
+#
+# The real LWS controller (sigs.k8s.io/lws, built by build.sh) runs as one more
+# local process next to the control plane, supervised here (kwokctl knows only
+# its own components): pid file and log under clusters/<name>/lws/. Its
+# webhooks are required, not optional: the pod webhook is what labels each pod
+# with its worker index and writes LWS_LEADER_ADDRESS / LWS_WORKER_INDEX into
+# its env (pkg/webhooks/pod_webhook.go), and the LWS webhook defaults the spec.
+# The API server reaches them on loopback through `clientConfig.url`
+# https://127.0.0.1:LWS_WEBHOOK_PORT/<path> (no Service: the cluster has no
+# endpoints, see above). LWS's own certificate rotation writes certs for the
+# Service's DNS name only, so it is switched off (internalCertManagement) and
+# the controller serves a certificate for IP 127.0.0.1 made here with openssl,
+# whose CA is the caBundle of the webhook configurations.
+
+LWS_WEBHOOK_PORT = 32790
+LWS_HEALTH_PORT = 32791
+
+
+def _lws_dir(name: str) -> Path:
+    return workdir(name) / "lws"
+
+
+def _lws_pid(name: str) -> int | None:
+    pidfile = _lws_dir(name) / "lws-controller.pid"
+    with contextlib.suppress(ValueError, OSError):
+        pid = int(pidfile.read_text().strip())
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+        if _alive(pid) and argv0 == str(binary("lws-controller")):
+            return pid
+    return None
+
+
+def _lws_certs(d: Path) -> bytes:
+    """CA and a serving certificate for IP 127.0.0.1 (kept across warm starts); returns the CA PEM."""
+    certs = d / "certs"
+    if not (certs / "tls.crt").is_file():
+        certs.mkdir(parents=True, exist_ok=True)
+        run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", "/CN=pd-e2e-lws-ca",
+            "-keyout", str(certs / "ca.key"), "-out", str(certs / "ca.crt"))
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+            "-keyout", str(certs / "tls.key"), "-out", str(certs / "tls.csr"))
+        ext = certs / "san.ext"
+        ext.write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+        run("x509", "-req", "-in", str(certs / "tls.csr"), "-CA", str(certs / "ca.crt"), "-CAkey", str(certs / "ca.key"),
+            "-CAcreateserial", "-days", "3650", "-extfile", str(ext), "-out", str(certs / "tls.crt"))
+    return (certs / "ca.crt").read_bytes()
+
+
+def lws_webhook_configurations(ca_pem: bytes, port: int = LWS_WEBHOOK_PORT) -> list[dict]:
+    """LWS's webhook configurations (config/webhook of the built module), with
+    the kustomize patches it ships applied (each replaces a whole webhook
+    entry: the pod webhooks restricted to pods carrying the LWS name label), and
+    each Service reference replaced by a loopback URL."""
+    import base64
+
+    import yaml
+
+    src = binary("lws-controller").parent / "webhook"
+    docs = [d for d in yaml.safe_load_all((src / "manifests.yaml").read_text()) if d]
+    patches = {"MutatingWebhookConfiguration": src / "mutating-patch.yaml",
+               "ValidatingWebhookConfiguration": src / "validating-patch.yaml"}
+    ca = base64.b64encode(ca_pem).decode()
+    for doc in docs:
+        for op in yaml.safe_load(patches[doc["kind"]].read_text()) or []:
+            assert op["op"] == "replace" and op["path"].startswith("/webhooks/"), op
+            doc["webhooks"][int(op["path"].rsplit("/", 1)[1])] = op["value"]
+        doc["metadata"]["name"] = "pd-e2e-lws-" + doc["metadata"]["name"]
+        for hook in doc["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+    return docs
+
+
+def start_lws(name: str = DEFAULT_NAME, timeout: float = 60.0) -> None:
+    """Install LWS's CRD and webhooks and start its controller (idempotent)."""
+    import json
+
+    d = _lws_dir(name)
+    d.mkdir(parents=True, exist_ok=True)
+    crd = binary("lws-controller").parent / "crds"  # every CRD the controller watches
+    def must(*args: str, input: str | None = None) -> str:
+        r = kubectl(*args, name=name, check=False, input=input)
+        if r.returncode:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])} failed: {r.stderr.strip()}")
+        return r.stdout
+
+    must("apply", "--server-side", "--force-conflicts", "-f", str(crd))  # the directory
+
+    def established() -> bool:
+        r = kubectl("get", "crd", "leaderworkersets.leaderworkerset.x-k8s.io", "-o",
+                    "jsonpath={.status.conditions[?(@.type=='Established')].status}", name=name, check=False)
+        return r.returncode == 0 and r.stdout.strip() == "True"
+
+    _wait("LeaderWorkerSet CRD established", established, timeout)
+    ca = _lws_certs(d)
+    must("apply", "--server-side", "--force-conflicts", "-f", "-",
+         input="\n---\n".join(json.dumps(doc) for doc in lws_webhook_configurations(ca)))
+    if _lws_pid(name):
+        log("lws-controller already running")
+        return
+    cfg = d / "config.yaml"
+    cfg.write_text("\n".join([
+        "apiVersion: config.lws.x-k8s.io/v1alpha1",
+        "kind: Configuration",
+        "leaderElection:",
+        "  leaderElect: false",          # one instance, supervised here
+        "internalCertManagement:",
+        "  enable: false",               # certificate for 127.0.0.1 from _lws_certs
+        "webhook:",
+        "  host: 127.0.0.1",
+        f"  port: {LWS_WEBHOOK_PORT}",
+        f"  certDir: {d / 'certs'}",
+        "metrics:",
+        "  bindAddress: '0'",            # off: nothing scrapes it here
+        "health:",
+        f"  healthProbeBindAddress: 127.0.0.1:{LWS_HEALTH_PORT}",
+        "",
+    ]))
+    t0 = time.monotonic()
+    with open(d / "lws-controller.log", "ab") as logf:
+        proc = subprocess.Popen(
+            [str(binary("lws-controller")), "--config", str(cfg), "--kubeconfig", str(kubeconfig_path(name)), "--zap-log-level=info"],
+            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    (d / "lws-controller.pid").write_text(f"{proc.pid}\n")
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"lws-controller exited ({proc.returncode}); see {d / 'lws-controller.log'}")
+        import urllib.request
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{LWS_HEALTH_PORT}/readyz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    _wait("lws-controller ready", ready, timeout)
+    log(f"lws-controller {versions()['LWS_VERSION']} up in {time.monotonic() - t0:.1f}s (pid {proc.pid})")
+
+
+def stop_lws(name: str = DEFAULT_NAME) -> None:
+    pid = _lws_pid(name)
+    if pid is None:
+        return
+    os.kill(pid, signal.SIGTERM)
+    _wait("lws-controller to exit", lambda: not _alive(pid), 30)
+    (_lws_dir(name) / "lws-controller.pid").unlink(missing_ok=True)
 
 
 def down(name: str = DEFAULT_NAME) -> None:
@@ -529,6 +681,7 @@ def down(name: str = DEFAULT_NAME) -> None:
     with _lock(name):
         _clear_stale_pid_files(name)
         procs = running_components(name)
+        stop_lws(name)
         _kwokctl("stop", "cluster", "--name", name, check=False)
         _wait_exited(name, procs)
         log(f"cluster {name} stopped")
@@ -537,6 +690,7 @@ def down(name: str = DEFAULT_NAME) -> None:
 def _delete_locked(name: str) -> None:
     _clear_stale_pid_files(name)
     procs = running_components(name)
+    stop_lws(name)
     # --kubeconfig: kwokctl would otherwise edit ~/.kube/config.
     _kwokctl("delete", "cluster", "--name", name,
              "--kubeconfig", str(kubeconfig_path(name)), check=False)

@@ -329,6 +329,14 @@ class Harness:
             proc_env["KUBECONFIG"] = str(self.pod_kubeconfig(pod))
         else:
             argv = [sys.executable, "-m", "pd_operator_tools.enginesim", "--bind", ip, *self.sim_opts, "--", *argv]
+            if "LWS_LEADER_ADDRESS" in env:
+                # a pod of a LeaderWorkerSet group: its leader's DNS name
+                # (<lws>-<group>.<subdomain>.<ns>) has no DNS here; the sim
+                # joins the leader pod's IP instead (enginesim/group.py)
+                leader = self.core.read_namespaced_pod(env["LWS_LEADER_ADDRESS"].split(".", 1)[0], pod.metadata.namespace)
+                if not leader.status.pod_ip:
+                    raise RuntimeError(f"the group leader {leader.metadata.name} has no IP yet")
+                proc_env["PD_SIM_LEADER_IP"] = leader.status.pod_ip
             # the sim is our package: make it importable whatever the cwd
             pkg_root = str(Path(__file__).resolve().parents[1] / "operator")
             proc_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, proc_env.get("PYTHONPATH")]))

@@ -37,6 +37,12 @@ def pool(draw):
         out["dataParallelSize"] = draw(small)
     if draw(st.integers(0, 3)) == 0:
         out["dataParallelAttention"] = draw(st.booleans())
+    if draw(st.integers(0, 3)) == 0:  # replicas that span nodes (issue 16)
+        out["nodesPerReplica"] = draw(st.sampled_from([1, 2, 3, 4]))
+    if draw(st.integers(0, 3)) == 0:
+        out["expertParallel"] = draw(st.booleans())
+    if draw(st.integers(0, 3)) == 0:
+        out["deepepMode"] = draw(st.sampled_from(["auto", "normal", "low_latency"]))
     if draw(st.integers(0, 3)) == 0:
         out["drainSeconds"] = draw(st.sampled_from([0, 10, 60]))
         out["terminationGracePeriodSeconds"] = draw(st.sampled_from([0, 20, 120]))

@@ -15,6 +15,8 @@
 #     kwok-<v>/{kwok,kwokctl}
 #     helm-<v>/helm
 #     prometheus-<v>/{prometheus,promtool}
+#     lws-<v>/{lws-controller,crds/*.yaml,webhook/*.yaml}   (CRDs and webhook
+#       configuration copied from the module's config/ directory at build time)
 # Each directory is built in a temporary sibling and renamed into place only
 # when every binary in it linked, so an interrupted build is simply redone.
 #
@@ -34,6 +36,7 @@ ETCD_DIR="$BIN_ROOT/etcd-$ETCD_VERSION"
 KWOK_DIR="$BIN_ROOT/kwok-$KWOK_VERSION"
 HELM_DIR="$BIN_ROOT/helm-$HELM_VERSION"
 PROMETHEUS_DIR="$BIN_ROOT/prometheus-$PROMETHEUS_VERSION"
+LWS_DIR="$BIN_ROOT/lws-$LWS_VERSION"
 
 export CGO_ENABLED=0
 # Never switch toolchains behind our back: if a pin needs a newer Go, fail
@@ -188,12 +191,42 @@ build_prometheus() {
   rm -rf "$PROMETHEUS_DIR"; mv "$tmp" "$PROMETHEUS_DIR"
 }
 
+# --- LeaderWorkerSet --------------------------------------------------------
+
+build_lws() {
+  local pinned moddir
+  pinned="$(mod_version "$HERE/lws/go.mod" sigs.k8s.io/lws)"
+  if [[ "$pinned" != "$LWS_VERSION" ]]; then
+    log "lws/go.mod pins $pinned, versions.env says $LWS_VERSION: updating lws/go.mod"
+    (cd "$HERE/lws" && go get "sigs.k8s.io/lws@$LWS_VERSION" && go mod tidy)
+  fi
+  local tmp="$LWS_DIR.tmp.$$"
+  rm -rf "$tmp"; mkdir -p "$tmp/crds" "$tmp/webhook"
+  # The project's own main package (cmd/main.go); its Makefile stamps the same
+  # version variables.
+  (cd "$HERE/lws" && go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" \
+    -o "$tmp/lws-controller" sigs.k8s.io/lws/cmd)
+  # CRDs and webhook configuration from the module that was just built, never
+  # from a copy in this repository: config/crd/bases (controller-gen output)
+  # and config/webhook (manifests.yaml + the kustomize patches that restrict
+  # the pod webhooks to LWS pods; e2e/cluster.py applies them).
+  moddir="$(cd "$HERE/lws" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)"
+  # every CRD the controller watches: LeaderWorkerSet and (v0.9.0) DisaggregatedSet
+  cp "$moddir"/config/crd/bases/*.yaml "$tmp/crds/"
+  cp "$moddir"/config/webhook/manifests.yaml "$moddir"/config/webhook/mutating-patch.yaml \
+     "$moddir"/config/webhook/validating-patch.yaml "$tmp/webhook/"
+  chmod -R u+w "$tmp"   # the module cache is read-only
+  rm -rf "$LWS_DIR"; mv "$tmp" "$LWS_DIR"
+}
+
 print_dirs() {
   echo "K8S_BIN_DIR=$K8S_DIR"
   echo "ETCD_BIN_DIR=$ETCD_DIR"
   echo "KWOK_BIN_DIR=$KWOK_DIR"
   echo "HELM_BIN_DIR=$HELM_DIR"
   echo "PROMETHEUS_BIN_DIR=$PROMETHEUS_DIR"
+  echo "LWS_BIN_DIR=$LWS_DIR"
 }
 
 main() {
@@ -220,6 +253,9 @@ main() {
   else timed "helm $HELM_VERSION" build_helm; fi
   if have_all "$PROMETHEUS_DIR" prometheus promtool; then log "prometheus $PROMETHEUS_VERSION: cached"
   else timed "prometheus $PROMETHEUS_VERSION" build_prometheus; fi
+  if have_all "$LWS_DIR" lws-controller && [[ -f "$LWS_DIR/crds/leaderworkerset.x-k8s.io_leaderworkersets.yaml" ]]; then
+    log "lws $LWS_VERSION: cached"
+  else timed "lws $LWS_VERSION" build_lws; fi
   log "all binaries present ($((SECONDS - t0)) s total); cache size: $(du -sh "$BIN_ROOT" | cut -f1)"
   print_dirs
 }

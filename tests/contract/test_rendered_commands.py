@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from pd_operator.api import SpecError, validate_service
 from pd_operator.api.constants import ROUTER_VERSIONS
 from pd_operator.render import render
+from pd_operator.render.launch import resolve_argv
 from pd_operator.render.engines.flagset import (
     FlagError,
     check_argv,
@@ -24,11 +25,26 @@ from tests.strategies import service
 ENGINE_PREFIX = {"vllm": "VLLM_", "sglang": "SGLANG_"}
 
 
+# What the LWS pod webhook writes into a group pod's env (render/launch.py), for
+# a worker of index 2: the launcher's templates are filled in from it.
+GROUP_ENV = {"LWS_LEADER_ADDRESS": "svc-decode-0.svc-decode.ns", "LWS_WORKER_INDEX": "2", "LWS_GROUP_SIZE": "4",
+             "PD_ENGINE_API_KEY": "key"}
+
+
 def commands(svc):
-    """(component, version, argv, env names) of every container rendered."""
+    """(component, version, argv, env names) of every container rendered; the
+    leader and worker commands of a LeaderWorkerSet as the program sees them."""
     out = []
     kind = svc.spec.engine.kind
     for obj in render(svc):
+        if obj["kind"] == "LeaderWorkerSet":
+            lwt = obj["spec"]["leaderWorkerTemplate"]
+            for side in ("leaderTemplate", "workerTemplate"):
+                c = lwt[side]["spec"]["containers"][0]
+                env = [e["name"] for e in c.get("env", [])]
+                argv = resolve_argv(c["command"], {**GROUP_ENV, "LWS_WORKER_INDEX": "0" if side == "leaderTemplate" else "2"})
+                out.append((kind, svc.spec.engine.effective_version(), argv, env))
+            continue
         if obj["kind"] not in ("StatefulSet", "Deployment"):
             continue
         c = obj["spec"]["template"]["spec"]["containers"][0]

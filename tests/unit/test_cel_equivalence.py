@@ -260,7 +260,9 @@ ALL_MESSAGES = _all_messages(SCHEMA)
         ({"decode": {"pipelineParallelSize": 2}}, "pipeline parallelism on decode"),
         ({"decode": {"terminationGracePeriodSeconds": 20}}, "drainSeconds + 16"),
         ({"kvTransfer": {"backend": "moriio"}}, "ROCm"),
-        ({"prefill": {"tensorParallelSize": 16}, "decode": {"tensorParallelSize": 16}}, "must fit on one node"),
+        ({"prefill": {"tensorParallelSize": 16}, "decode": {"tensorParallelSize": 16}}, "dataParallelSize must be a multiple of the nodes"),
+        ({"engine": {"kind": "sglang"}, "decode": {"tensorParallelSize": 16, "nodesPerReplica": 3}}, "split evenly over its nodes"),
+        ({"engine": {"kind": "sglang"}, "decode": {"tensorParallelSize": 8, "dataParallelSize": 2}}, "multi-node data-parallel replicas"),
     ],
 )
 def test_done_when_cases_fail_in_cel_too(spec_patch, message_part):

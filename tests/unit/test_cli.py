@@ -10,6 +10,7 @@ import yaml
 from tests.conftest import EXAMPLES, ROOT
 
 PDCTL = [sys.executable, "-m", "pd_operator.cli"]
+SGLANG_MOONCAKE = ROOT / "manifests" / "examples" / "sglang-mooncake.yaml"
 
 
 def run(*args, stdin: str | None = None):
@@ -21,16 +22,17 @@ def test_render_every_example():
         res = run("render", "-f", str(path))
         assert res.returncode == 0, res.stderr
         kinds = [d["kind"] for d in yaml.safe_load_all(res.stdout)]
-        assert kinds.count("StatefulSet") == 2 and "Deployment" in kinds, path
+        # one workload per pool: a StatefulSet, or a LeaderWorkerSet when a replica spans nodes
+        assert kinds.count("StatefulSet") + kinds.count("LeaderWorkerSet") == 2 and "Deployment" in kinds, path
 
 
 def test_bad_input_names_field_prints_nothing_to_stdout():
-    bad = (EXAMPLES[0].read_text()).replace("tensorParallelSize: 4\n    gpuProduct: NVIDIA-H200\n  decode", "tensorParallelSize: 16\n    gpuProduct: NVIDIA-H200\n  decode")
-    assert bad != EXAMPLES[0].read_text()
+    bad = (SGLANG_MOONCAKE.read_text()).replace("tensorParallelSize: 4\n    gpuProduct: NVIDIA-H200\n  decode", "tensorParallelSize: 16\n    nodesPerReplica: 3\n    gpuProduct: NVIDIA-H200\n  decode")
+    assert bad != SGLANG_MOONCAKE.read_text()
     res = run("render", "-f", "-", stdin=bad)
     assert res.returncode == 1
     assert res.stdout == ""
-    assert "spec.prefill.tensorParallelSize" in res.stderr and "fit on one node" in res.stderr
+    assert "spec.prefill.nodesPerReplica" in res.stderr and "split evenly over its nodes" in res.stderr
 
 
 def test_missing_file_and_empty_input():

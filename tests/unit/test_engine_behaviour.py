@@ -138,7 +138,7 @@ def test_nixl_pipeline_parallel_on_decode_is_refused():
     ("sglang", ["--data-parallel-size", "2"]),          # alias of --dp-size
     ("sglang", ["--pipeline-parallel-size", "2"]),      # alias of --pp-size
     ("sglang", ["--attention-data-parallel-size", "2"]),  # alias of --attn-dp-size
-    ("sglang", ["--nccl-init-addr", "x:1"]),             # alias of --dist-init-addr: not managed, must pass
+    ("sglang", ["--nccl-init-addr", "x:1"]),             # alias of --dist-init-addr (multi-node rendezvous, issue 16)
     ("vllm", ["--device-memory-utilization", "0.5"]),   # alias of --gpu-memory-utilization
     ("vllm", ["--disable-prefix-caching"]),             # negative alias of --enable-prefix-caching
     ("vllm", ["--tensor_parallel_size", "2"]),          # underscores are dashes to vLLM
@@ -147,9 +147,6 @@ def test_nixl_pipeline_parallel_on_decode_is_refused():
 ])
 def test_managed_flags_are_refused_by_any_alias(kind, args):
     obj = minimal(kind, engine={"kind": kind, "extraArgs": args})
-    if args[0] == "--nccl-init-addr":
-        objects(obj)
-        return
     with pytest.raises(SpecError) as info:
         objects(obj)
     msg = dict(info.value.problems)["spec.engine.extraArgs[0]"]
@@ -166,9 +163,9 @@ def test_sglang_dp_attention_counts_the_tp_gpus():
     c = container(obj, "decode")
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert flag(c["command"], "--attn-dp-size") == "8" and "--dp-size" not in c["command"]
-    # the same sizes as DP replicas: 64 GPUs, more than a node
+    # the same sizes as DP replicas: 64 GPUs, 8 nodes, and SGLang runs no DP replicas across nodes
     p = problems(minimal("sglang", decode={"tensorParallelSize": 8, "dataParallelSize": 8}))
-    assert "must fit on one node" in p["spec.decode.tensorParallelSize"]
+    assert "multi-node data-parallel replicas are not supported" in p["spec.decode.dataParallelSize"]
 
 
 def test_dp_attention_needs_tp_multiple_of_dp_and_is_sglang_only():

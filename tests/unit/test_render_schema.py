@@ -15,7 +15,33 @@ from tests.strategies import service
 K8S_VERSION = "1.35.0"
 
 
+# LeaderWorkerSet fields (sigs.k8s.io/lws v0.9.0 api/leaderworkerset/v1/leaderworkerset_types.go,
+# json tags): kubernetes-validate has no schema for the CRD, so its own fields are
+# checked against these and each pod template against the Kubernetes schema.
+LWS_SPEC = {"replicas", "leaderWorkerTemplate", "rolloutStrategy", "startupPolicy", "networkConfig"}
+LWS_TEMPLATE = {"leaderTemplate", "workerTemplate", "size", "restartPolicy", "subGroupPolicy",
+                "volumeClaimTemplates", "persistentVolumeClaimRetentionPolicy"}
+LWS_RESTART = {"Default", "RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None"}
+
+
+def lws_as_statefulsets(obj: dict) -> list[dict]:
+    spec = obj["spec"]
+    assert set(spec) <= LWS_SPEC, set(spec) - LWS_SPEC
+    lwt = spec["leaderWorkerTemplate"]
+    assert set(lwt) <= LWS_TEMPLATE, set(lwt) - LWS_TEMPLATE
+    assert lwt["restartPolicy"] in LWS_RESTART and lwt["size"] >= 2
+    out = []
+    for side in ("leaderTemplate", "workerTemplate"):
+        tmpl = lwt[side]
+        out.append({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "metadata": {"name": f"{obj['metadata']['name']}-{side}"},
+                    "spec": {"serviceName": obj["metadata"]["name"], "replicas": spec["replicas"],
+                             "selector": {"matchLabels": tmpl["metadata"]["labels"]}, "template": tmpl}})
+    return out
+
+
 def check(objs):
+    objs = [o for obj in objs for o in (lws_as_statefulsets(obj) if obj["kind"] == "LeaderWorkerSet" else [obj])]
     for obj in objs:
         try:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)

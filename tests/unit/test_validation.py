@@ -70,16 +70,17 @@ def test_amd_needs_an_image():
     assert "ROCm image" in p["spec.engine.image"]
 
 
-def test_tp_larger_than_a_node():
+def test_vllm_tp_larger_than_a_node():
+    # vLLM replicas span nodes through data parallelism only (tests/unit/test_multinode.py)
     p = problems(minimal(prefill={"tensorParallelSize": 16}, decode={"tensorParallelSize": 16}))
-    assert "must fit on one node" in p["spec.prefill.tensorParallelSize"]
-    assert "must fit on one node" in p["spec.decode.tensorParallelSize"]
+    assert "dataParallelSize must be a multiple of the nodes" in p["spec.prefill.dataParallelSize"]
+    assert "dataParallelSize must be a multiple of the nodes" in p["spec.decode.dataParallelSize"]
 
 
-def test_tp_times_pp_larger_than_a_node():
+def test_vllm_tp_times_pp_larger_than_a_node():
     p = problems(minimal(kvTransfer={"backend": "mooncake"}, decode={"tensorParallelSize": 8, "pipelineParallelSize": 2},
                          prefill={"tensorParallelSize": 8}))
-    assert list(p) == ["spec.decode.tensorParallelSize"]
+    assert list(p) == ["spec.decode.dataParallelSize"]
 
 
 def test_bigger_nodes_allow_bigger_replicas():
@@ -147,12 +148,9 @@ def test_secret_literal_env_has_no_valuefrom_mix():
 
 def test_all_problems_reported_at_once():
     p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 6}, decode={"tensorParallelSize": 16}))
-    assert "spec.decode.tensorParallelSize" in p
-    # both the node-fit and the Mooncake rule fail on the same field
-    with pytest.raises(SpecError) as info:
-        validate_service(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 6}, decode={"tensorParallelSize": 16}))
-    messages = [m for f, m in info.value.problems if f == "spec.decode.tensorParallelSize"]
-    assert len(messages) == 2
+    # the Mooncake TP rule and vLLM's span-nodes-by-DP rule both fail, both reported
+    assert "MooncakeConnector" in p["spec.decode.tensorParallelSize"]
+    assert "dataParallelSize must be a multiple of the nodes" in p["spec.decode.dataParallelSize"]
 
 
 def test_replicas_have_one_writer():

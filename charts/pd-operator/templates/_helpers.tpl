@@ -65,6 +65,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
   verbs: [get, list, watch, create, patch, delete]
+# Pools whose replicas span nodes run as LeaderWorkerSets (LWS must be installed).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]

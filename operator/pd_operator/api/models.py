@@ -485,6 +485,22 @@ class RdmaSpec(Base):
         "plugin), rdma/ib, nvidia.com/hostdev (SR-IOV), vpc.amazonaws.com/efa (AWS). Unset: no RDMA resource is requested.",
     )
     count: int = Field(1, ge=1, le=32, description="How many of resourceName each engine pod requests.")
+    rail_resource_names: list[QualifiedName] = Field(
+        default_factory=list, max_length=16,
+        description="One device-plugin resource per NIC (rail-optimised fabrics: each GPU's own NIC, e.g. "
+        "[nvidia.com/rail0, ..., nvidia.com/rail7]); each engine pod requests one of each. Used alongside or instead of "
+        "resourceName/count.",
+    )
+    gid_index: Optional[int] = Field(
+        None, ge=0, le=255,
+        description="RoCE GID index of the NICs (often 3 for RoCEv2): sets NCCL_IB_GID_INDEX and NVSHMEM_IB_GID_INDEX "
+        "(DeepEP's internode all-to-all runs on NVSHMEM) on pools whose replicas span nodes or use deepepMode.",
+    )
+    traffic_class: Optional[int] = Field(
+        None, ge=0, le=255,
+        description="IB/RoCE traffic class (QoS) for collective traffic: sets NCCL_IB_TC and NVSHMEM_IB_TRAFFIC_CLASS "
+        "on pools whose replicas span nodes or use deepepMode.",
+    )
     networks: list[Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-a-z0-9./@]+$")]] = Field(
         default_factory=list, max_length=16,
         description="Multus networks to attach (k8s.v1.cni.cncf.io/networks annotation), e.g. [default/rdma-net].",
@@ -689,6 +705,24 @@ class PoolSpec(Base):
         "(--attn-dp-size, formerly --dp-size with --enable-dp-attention): the DP ranks share the "
         "tensorParallelSize x pipelineParallelSize GPUs, and tensorParallelSize must be a multiple of dataParallelSize.",
     )
+    nodes_per_replica: Optional[int] = Field(
+        None, ge=1, le=128,
+        description="Nodes one replica spans: one pod per node, the GPUs of the replica split evenly over them "
+        "(SGLang --nnodes/--node-rank; vLLM headless data-parallel workers). Unset: 1 when the replica's GPUs fit "
+        "on one node (topology.gpusPerNode), else GPUs / gpusPerNode rounded up. A replica of more than one node "
+        "is rendered as a LeaderWorkerSet (one group per replica) instead of a StatefulSet.",
+    )
+    expert_parallel: bool = Field(
+        False,
+        description="Shard the MoE experts over the replica's GPUs (SGLang --ep-size tensorParallelSize; vLLM "
+        "--enable-expert-parallel, expert-parallel width tensorParallelSize x dataParallelSize).",
+    )
+    deepep_mode: Optional[Literal["auto", "normal", "low_latency"]] = Field(
+        None,
+        description="DeepEP all-to-all for expert parallelism (needs expertParallel). SGLang: --moe-a2a-backend deepep "
+        "--deepep-mode MODE (auto: low_latency for decode batches, normal for prefill batches). vLLM: --all2all-backend "
+        "deepep_high_throughput (normal) or deepep_low_latency (low_latency); vLLM has no auto.",
+    )
     gpu_product: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[-._a-zA-Z0-9]+$")]] = Field(
         None,
         description="Required GPU model, matched against the node label topology.gpuProductLabel, e.g. NVIDIA-H200 (GPU Feature Discovery) or AMD_Instinct_MI300X_OAM (AMD node labeller).",
@@ -769,6 +803,19 @@ class PoolSpec(Base):
         if self.data_parallel_attention:
             return self.tensor_parallel_size * self.pipeline_parallel_size
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    def nodes(self, gpus_per_node: int) -> int:
+        """Nodes (pods) one replica spans: nodesPerReplica, else as few as hold its GPUs."""
+        if self.nodes_per_replica is not None:
+            return self.nodes_per_replica
+        return max(1, -(-self.gpus_per_replica() // gpus_per_node))
+
+    def gpus_per_pod(self, gpus_per_node: int) -> int:
+        """GPUs of each pod of a replica: the replica's GPUs split over its nodes
+        (SGLang: tp_size * pp_size // nnodes GPUs per node, data_parallel_controller.py;
+        vLLM: world_size // nnodes, arg_utils.py). A layout that does not split
+        evenly is refused by the layout rule."""
+        return self.gpus_per_replica() // self.nodes(gpus_per_node)
 
     def attention_tp_size(self) -> int:
         """The TP width KV is sharded over, which the KV transfer maps between
@@ -883,7 +930,7 @@ class TopologySpec(Base):
         "engine.accelerator, nvidia.com/gpu.product (GPU Feature Discovery) or amd.com/gpu.product-name (AMD node "
         "labeller, e.g. AMD_Instinct_MI300X_OAM).",
     )
-    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs on one node; a replica must fit on one node.")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs on one node; a replica with more GPUs spans nodes (pool nodesPerReplica).")
     nvlink_domain_key: QualifiedName = Field(
         "nvidia.com/gpu.clique",
         description="Node label that names an NVLink domain (GB200 NVL72: nvidia.com/gpu.clique). On clusters without it use kubernetes.io/hostname.",
@@ -973,14 +1020,68 @@ def _router_kind_cel() -> str:
     return "(self.router.kind == 'auto' ? (self.engine.kind == 'vllm' ? 'vllm-router' : 'sglang-router') : self.router.kind)"
 
 
-def _pool_gpus_rule(pool: str) -> Rule:
-    return Rule(
-        cel=f"{_gpus_cel(pool)} <= self.topology.gpusPerNode",
-        message=f"{pool}: the GPUs of a replica (tensorParallelSize x pipelineParallelSize, x dataParallelSize "
-        "unless dataParallelAttention) must fit on one node "
-        f"(topology.gpusPerNode); multi-node replicas are not supported yet: lower the parallel sizes",
-        check=lambda s: getattr(s, pool).gpus_per_replica() <= s.topology.gpus_per_node,
-        field_path=f".{pool}.tensorParallelSize",
+def _nodes_cel(pool: str) -> str:
+    p = f"self.{pool}"
+    gpus, gpn = _gpus_cel(pool), "self.topology.gpusPerNode"
+    return f"(has({p}.nodesPerReplica) ? {p}.nodesPerReplica : ({gpus} <= {gpn} ? 1 : ({gpus} + {gpn} - 1) / {gpn}))"
+
+
+def _pool_layout_rules(pool: str) -> tuple[Rule, ...]:
+    """The layout of a replica over nodes, as the engines split it (tests/contract/FACTS.md, "Replicas that span nodes")."""
+    gpus, nodes, gpn = _gpus_cel(pool), _nodes_cel(pool), "self.topology.gpusPerNode"
+    p = f"self.{pool}"
+
+    def pool_of(s):
+        return getattr(s, pool)
+
+    def layout_ok(s) -> bool:
+        pl, g = pool_of(s), s.topology.gpus_per_node
+        n = pl.nodes(g)
+        return n <= pl.gpus_per_replica() and pl.gpus_per_replica() % n == 0 and pl.gpus_per_replica() // n <= g
+
+    return (
+        Rule(
+            cel=f"{nodes} <= {gpus} && {gpus} % {nodes} == 0 && {gpus} / {nodes} <= {gpn}",
+            message=f"{pool}: a replica's GPUs (tensorParallelSize x pipelineParallelSize, x dataParallelSize unless "
+            "dataParallelAttention) must split evenly over its nodes (nodesPerReplica, or GPUs / topology.gpusPerNode "
+            "rounded up), at most topology.gpusPerNode per node: SGLang refuses a tp_size x pp_size its --nnodes do not "
+            "divide, vLLM a world size its --nnodes do not divide. Change nodesPerReplica or the parallel sizes",
+            check=layout_ok,
+            field_path=f".{pool}.nodesPerReplica",
+        ),
+        Rule(
+            cel=f"self.engine.kind != 'sglang' || {nodes} == 1 || {p}.dataParallelSize == 1 || {p}.dataParallelAttention",
+            message=f"{pool}: SGLang refuses data-parallel replicas (--dp-size) across nodes (\"multi-node data-parallel "
+            "replicas are not supported; use attention DP (--attn-dp-size) across nodes\"): set dataParallelAttention "
+            "true, or dataParallelSize 1, or a replica that fits one node",
+            check=lambda s: s.engine.kind != "sglang" or pool_of(s).nodes(s.topology.gpus_per_node) == 1
+            or pool_of(s).data_parallel_size == 1 or pool_of(s).data_parallel_attention,
+            field_path=f".{pool}.dataParallelSize",
+        ),
+        Rule(
+            cel=f"self.engine.kind != 'vllm' || {nodes} == 1 || {p}.dataParallelSize % {nodes} == 0",
+            message=f"{pool}: a vLLM replica spans nodes through data parallelism: each node runs dataParallelSize / "
+            "nodesPerReplica data-parallel ranks (--data-parallel-size-local; the other nodes as --headless workers with "
+            "--data-parallel-start-rank), each rank on its own tensorParallelSize x pipelineParallelSize GPUs of one "
+            "node, so dataParallelSize must be a multiple of the nodes (a tensor- or pipeline-parallel group across "
+            "nodes is not rendered): raise dataParallelSize or lower tensorParallelSize",
+            check=lambda s: s.engine.kind != "vllm" or pool_of(s).nodes(s.topology.gpus_per_node) == 1
+            or pool_of(s).data_parallel_size % pool_of(s).nodes(s.topology.gpus_per_node) == 0,
+            field_path=f".{pool}.dataParallelSize",
+        ),
+        Rule(
+            cel=f"!has({p}.deepepMode) || {p}.expertParallel",
+            message=f"{pool}.deepepMode is the all-to-all of expert parallelism: set {pool}.expertParallel true, or unset deepepMode",
+            check=lambda s: pool_of(s).deepep_mode is None or pool_of(s).expert_parallel,
+            field_path=f".{pool}.deepepMode",
+        ),
+        Rule(
+            cel=f"self.engine.kind != 'vllm' || !has({p}.deepepMode) || {p}.deepepMode != 'auto'",
+            message=f"{pool}.deepepMode auto is SGLang's: vLLM's --all2all-backend has deepep_high_throughput and "
+            "deepep_low_latency only: set normal or low_latency",
+            check=lambda s: s.engine.kind != "vllm" or pool_of(s).deepep_mode != "auto",
+            field_path=f".{pool}.deepepMode",
+        ),
     )
 
 
@@ -1079,7 +1180,8 @@ class PDInferenceServiceSpec(Base):
         _dp_attention_rule("decode"),
         Rule(
             cel="!has(self.kvTransfer.mooncake.protocol) || self.kvTransfer.mooncake.protocol != 'rdma' || "
-            "has(self.kvTransfer.rdma.resourceName) || (has(self.kvTransfer.rdma.ibDevices) && size(self.kvTransfer.rdma.ibDevices) > 0)",
+            "has(self.kvTransfer.rdma.resourceName) || (has(self.kvTransfer.rdma.ibDevices) && size(self.kvTransfer.rdma.ibDevices) > 0) || "
+            "(has(self.kvTransfer.rdma.railResourceNames) && size(self.kvTransfer.rdma.railResourceNames) > 0)",
             message="kvTransfer.mooncake.protocol rdma needs an RDMA device in the pods (the Mooncake transfer engine fails "
             "to start without one): set kvTransfer.rdma.resourceName (and ibDevices), or protocol tcp, or leave protocol "
             "unset to get tcp without RDMA",
@@ -1115,8 +1217,8 @@ class PDInferenceServiceSpec(Base):
             check=lambda s: s.router.image is not None,
             field_path=".router.image",
         ),
-        _pool_gpus_rule("prefill"),
-        _pool_gpus_rule("decode"),
+        *_pool_layout_rules("prefill"),
+        *_pool_layout_rules("decode"),
         _no_gpu_in_resources_rule("prefill"),
         _no_gpu_in_resources_rule("decode"),
     )
@@ -1141,7 +1243,7 @@ class PDInferenceServiceSpec(Base):
 
     def rdma_configured(self) -> bool:
         rdma = self.kv_transfer.rdma
-        return bool(rdma.resource_name or rdma.ib_devices)
+        return bool(rdma.resource_name or rdma.ib_devices or rdma.rail_resource_names)
 
     def mooncake_protocol(self) -> str:
         """The Mooncake protocol the engines get: the one set, else rdma only when the pods get an RDMA device."""

@@ -12,6 +12,11 @@ affinity (the renderer pins ``gpuProduct`` there, not in nodeSelector), or
 with a NoSchedule / NoExecute taint the template does not tolerate. What this
 does not see (other resources such as RDMA, pod affinity) the scheduler still
 decides; the Unschedulable guard of decide() covers it.
+
+A pool whose replicas span nodes (a LeaderWorkerSet) grows by whole groups:
+one replica is ``size`` pods, each of which must fit on its own node, so the
+room is the free pod slots divided by the group size, and booking a replica
+books ``size`` pods.
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ def _quantity(value) -> int:
         return int(str(value))
     except ValueError:
         return 0
+
+
+def workload_template(workload: dict) -> tuple[dict, int]:
+    """(pod template, pods per replica) of a pool's StatefulSet or LeaderWorkerSet.
+    The LWS leader and workers request the same GPUs (render/pools.py), so the
+    leader template stands for every pod of the group."""
+    spec = (workload or {}).get("spec") or {}
+    if (workload or {}).get("kind") == "LeaderWorkerSet":
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        return lwt.get("leaderTemplate") or lwt.get("workerTemplate") or {}, int(lwt.get("size") or 1)
+    return spec.get("template") or {}, 1
 
 
 def template_gpus(template: dict, resource: str) -> int:
@@ -113,20 +129,23 @@ def _eligible(node: dict, template_spec: dict) -> bool:
                for t in spec.get("taints") or [])
 
 
-def room(free: dict[str, int], nodes: list[dict], template: dict, resource: str) -> int | None:
-    """More pods of the template that fit on the free GPUs now; None when the
-    template asks for no GPU (nothing to cap)."""
+def room(free: dict[str, int], nodes: list[dict], template: dict, resource: str, group_size: int = 1) -> int | None:
+    """More replicas (groups of ``group_size`` pods of the template) that fit on
+    the free GPUs now; None when the template asks for no GPU (nothing to cap)."""
     per_pod = template_gpus(template, resource)
     if per_pod <= 0:
         return None
     spec = (template or {}).get("spec") or {}
-    return sum(max(0, free.get(n["metadata"]["name"], 0)) // per_pod for n in nodes if _eligible(n, spec))
+    slots = sum(max(0, free.get(n["metadata"]["name"], 0)) // per_pod for n in nodes if _eligible(n, spec))
+    return slots // max(1, group_size)
 
 
-def take(free: dict[str, int], nodes: list[dict], template: dict, resource: str, count: int) -> None:
-    """Book ``count`` more pods of the template on ``free`` (first fit), so that
-    pools scaled up in the same round do not count the same GPUs twice."""
+def take(free: dict[str, int], nodes: list[dict], template: dict, resource: str, count: int, group_size: int = 1) -> None:
+    """Book ``count`` more replicas (``group_size`` pods each) of the template on
+    ``free`` (first fit), so that pools scaled up in the same round do not count
+    the same GPUs twice."""
     per_pod = template_gpus(template, resource)
+    count *= max(1, group_size)
     spec = (template or {}).get("spec") or {}
     for n in nodes:
         name = n["metadata"]["name"]

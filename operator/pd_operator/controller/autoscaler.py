@@ -25,6 +25,7 @@ from ..autoscale.decide import History, PoolState
 from ..autoscale.plan import PoolInput, plan_service
 from ..autoscale.promql import Observation
 from ..render.common import child_name, selector_labels
+from ..render.pools import pool_kind
 from .health import HEALTH, Health
 from .loop import every
 from .kube import AUTOSCALER_MANAGER, Kube
@@ -65,18 +66,22 @@ class GPUView:
     def for_pools(self, statefulsets: dict[str, dict], resource: str) -> "PoolRoom":
         """The plan's view (plan.Room) for one service's pools; what it books
         stays booked for the services decided after it in the round."""
-        return PoolRoom(self, {role: sts["spec"]["template"] for role, sts in statefulsets.items()}, resource)
+        return PoolRoom(self, {role: fit.workload_template(sts) for role, sts in statefulsets.items()}, resource)
 
 
 class PoolRoom:
-    def __init__(self, view: GPUView, templates: dict[str, dict], resource: str):
+    """Room in whole replicas: a LeaderWorkerSet pool's replica is a group of pods."""
+
+    def __init__(self, view: GPUView, templates: dict[str, tuple[dict, int]], resource: str):
         self.view, self.templates, self.resource = view, templates, resource
 
     def room(self, role: str) -> int | None:
-        return fit.room(self.view.free_gpus(self.resource), self.view.nodes, self.templates[role], self.resource)
+        template, size = self.templates[role]
+        return fit.room(self.view.free_gpus(self.resource), self.view.nodes, template, self.resource, size)
 
     def take(self, role: str, count: int) -> None:
-        fit.take(self.view.free_gpus(self.resource), self.view.nodes, self.templates[role], self.resource, count)
+        template, size = self.templates[role]
+        fit.take(self.view.free_gpus(self.resource), self.view.nodes, template, self.resource, count, size)
 
 
 # How long a round waits for a Prometheus before the services reading from it
@@ -191,7 +196,7 @@ class Autoscaler:
 
     def pool_state(self, namespace: str, svc: PDInferenceService, role: str) -> tuple[PoolState, dict] | None:
         """The pool's state and its StatefulSet."""
-        sts = self.kube.get("StatefulSet", namespace, child_name(svc, role))
+        sts = self.kube.get(pool_kind(svc, role), namespace, child_name(svc, role))
         if sts is None:
             return None
         pods = self.kube.pods(namespace, selector_labels(svc, role))
@@ -350,7 +355,7 @@ class Autoscaler:
         for role, d in decisions.items():
             current = inputs[role].state.replicas
             if d.replicas != current:
-                self.kube.apply_replicas("StatefulSet", namespace, child_name(svc, role), d.replicas)
+                self.kube.apply_replicas(pool_kind(svc, role), namespace, child_name(svc, role), d.replicas)
                 log.info("%s/%s %s: %s", namespace, name, role, d.reason)
                 self.event(body, "Normal", "Autoscaled", f"{role}: {d.reason}")
                 self.last_scale[(namespace, name, role)] = (stamp, d.reason)

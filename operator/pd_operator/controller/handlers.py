@@ -159,6 +159,7 @@ CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels=CHILDREN)
+@kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels=CHILDREN)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILDREN)
 @kopf.on.event("", "v1", "services", labels=CHILDREN)
 @kopf.on.event("", "v1", "configmaps", labels=CHILDREN)

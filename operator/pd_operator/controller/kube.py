@@ -29,6 +29,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "Service": ("v1", "services"),
     "ServiceAccount": ("v1", "serviceaccounts"),
     "StatefulSet": ("apps/v1", "statefulsets"),
+    # pools whose replicas span nodes (the LWS CRD may be absent: see prune)
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "Deployment": ("apps/v1", "deployments"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "Role": ("rbac.authorization.k8s.io/v1", "roles"),
@@ -138,7 +140,13 @@ class Kube:
         removed = []
         selector = {LABEL_SERVICE: service, LABEL_MANAGED_BY: FIELD_MANAGER}
         for kind in KINDS:
-            for obj in self.list(kind, namespace, selector):
+            try:
+                found = self.list(kind, namespace, selector)
+            except ApiException as err:
+                if err.status == 404 and kind == "LeaderWorkerSet":
+                    continue  # LWS not installed: nothing of that kind to prune
+                raise
+            for obj in found:
                 key = (kind, obj["metadata"]["name"])
                 if key not in keep:
                     self.delete(kind, namespace, key[1])

@@ -15,6 +15,7 @@ from ..api import SpecError, validate_service
 from ..api.constants import API_VERSION, KIND
 from ..render import render
 from ..render.common import child_name, selector_labels
+from ..render.pools import pool_kind
 from . import metrics
 from .kube import Kube
 from .status import Observed, compute_status
@@ -88,7 +89,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     try:
         svc = validate_service(body)
         svc.metadata.namespace = namespace
-        current = {role: ((kube.get("StatefulSet", namespace, child_name(svc, role)) or {}).get("spec") or {}).get("replicas")
+        current = {role: ((kube.get(pool_kind(svc, role), namespace, child_name(svc, role)) or {}).get("spec") or {}).get("replicas")
                    for role in ("prefill", "decode")}
         current = {k: v for k, v in current.items() if v is not None}
         owner = {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": meta["uid"]}
@@ -105,7 +106,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     scaled: dict[str, str] = {}
     pools = {child_name(svc, role): role for role in ("prefill", "decode")}
     for obj in objs:
-        role = pools.get(obj["metadata"]["name"]) if obj["kind"] == "StatefulSet" else None
+        role = pools.get(obj["metadata"]["name"]) if obj["kind"] in ("StatefulSet", "LeaderWorkerSet") else None
         try:
             if role is None:
                 kube.apply(obj)
@@ -135,10 +136,12 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         if problem:
             missing.append((field, problem))
     observed = Observed(
-        statefulsets={role: kube.get("StatefulSet", namespace, child_name(svc, role)) for role in ("prefill", "decode")},
+        statefulsets={role: kube.get(pool_kind(svc, role), namespace, child_name(svc, role)) for role in ("prefill", "decode")},
         router=kube.get("Deployment", namespace, child_name(svc, "router")),
         pods={role: kube.pods(namespace, selector_labels(svc, role)) for role in ("prefill", "decode", "router")},
         missing_secrets=missing,
+        # a LeaderWorkerSet's leaders come from a StatefulSet of the same name
+        # (LWS makes one for the leaders, one per group for the workers)
         create_failures={role: kube.create_failures(namespace, "StatefulSet", child_name(svc, role))
                          for role in ("prefill", "decode")},
         apply_error=apply_error,
@@ -165,7 +168,7 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None) -> s
     pool = svc.spec.pool(role)
     if current is None:
         kube.apply(sts)
-        kube.apply_replicas("StatefulSet", namespace, name, desired)
+        kube.apply_replicas(sts["kind"], namespace, name, desired)
         return None
     main = {**sts, "spec": {k: v for k, v in sts["spec"].items() if k != "replicas"}}
     kube.apply(main)
@@ -177,7 +180,7 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None) -> s
         why = f"spec.{role}.replicas is {desired}"
     else:
         return None
-    kube.apply_replicas("StatefulSet", namespace, name, desired)
+    kube.apply_replicas(sts["kind"], namespace, name, desired)
     return f"{role} pool scaled from {current} to {desired} replicas: {why}" if desired != current else None
 
 

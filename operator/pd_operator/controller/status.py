@@ -14,7 +14,7 @@ from datetime import datetime
 from ..api.constants import ROLES
 from ..api.models import PDInferenceService
 from ..render import endpoint
-from ..render.pools import gpu_count
+from ..render.pools import gpu_count, nodes_per_replica, pool_kind
 
 
 
@@ -125,8 +125,22 @@ def pool_status(sts: dict | None, pods: list[dict]) -> dict:
         "replicas": st.get("replicas", 0) or 0,
         "readyReplicas": st.get("readyReplicas", 0) or 0,
         "desiredReplicas": desired or 0,
-        "pendingReplicas": len(_pending(pods)),
+        "pendingReplicas": _pending_replicas(pods),
     }
+
+
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+
+
+def _pending_replicas(pods: list[dict]) -> int:
+    """Replicas with a pod that cannot be scheduled: pods, or for a
+    LeaderWorkerSet the groups (one pending pod holds its whole group back)."""
+    keys = set()
+    for pod, _ in _pending(pods):
+        meta = pod.get("metadata") or {}
+        group = (meta.get("labels") or {}).get(LWS_GROUP_INDEX_LABEL)
+        keys.add(("group", group) if group is not None else ("pod", meta.get("name")))
+    return len(keys)
 
 
 def create_failure(svc: PDInferenceService, role: str, message: str) -> tuple[str, str]:
@@ -204,7 +218,10 @@ def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: 
     """(condition, unschedulable)"""
     type_ = "PrefillReady" if role == "prefill" else "DecodeReady"
     if sts is None:
-        return condition(type_, False, "NotCreated", f"the {role} StatefulSet does not exist yet", gen), False
+        return condition(type_, False, "NotCreated", f"the {role} {pool_kind(svc, role)} does not exist yet", gen), False
+    # A LeaderWorkerSet counts groups (one replica over several nodes): its
+    # readyReplicas are the groups whose every pod is ready (LWS status).
+    unit = "pods" if sts.get("kind", "StatefulSet") == "StatefulSet" else f"groups of {nodes_per_replica(svc, role)} pods"
     ps = pool_status(sts, pods)
     desired, ready = ps["desiredReplicas"], ps["readyReplicas"]
     if failures and ps["replicas"] < desired:
@@ -222,8 +239,8 @@ def _pool_condition(svc: PDInferenceService, role: str, sts: dict | None, pods: 
     if ready < desired:
         loading = loading_model(svc, role, pods, now)
         what = loading or "the others are starting (model load can take minutes)"
-        return condition(type_, False, "Starting", f"{ready}/{desired} {role} pods ready; {what}", gen), False
-    return condition(type_, True, "AllReplicasReady", f"{ready}/{desired} {role} pods ready", gen), False
+        return condition(type_, False, "Starting", f"{ready}/{desired} {role} {unit} ready; {what}", gen), False
+    return condition(type_, True, "AllReplicasReady", f"{ready}/{desired} {role} {unit} ready", gen), False
 
 
 def _router_condition(svc: PDInferenceService, obs: Observed, gen: int | None) -> dict:

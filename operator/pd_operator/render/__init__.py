@@ -10,7 +10,7 @@ from ..api.models import PDInferenceService
 from .common import child_name, metadata
 from .engines import engine_for
 from .network import network_policy, pod_disruption_budget, router_network_policy
-from .pools import config_map_name, headless_service, statefulset
+from .pools import config_map_name, headless_service, pool_workload
 from .routers import ROUTER_METRICS_PORT, ROUTER_PORT, deployment, discovery_service, endpoint, rbac, router_for, service
 
 __all__ = ["render", "endpoint"]
@@ -36,9 +36,10 @@ def render(svc: PDInferenceService, owner: dict | None = None, current_replicas:
     if files:
         objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(svc, config_map_name(svc), "config"), "data": files})
     for role in ("prefill", "decode"):
-        sts = statefulset(svc, engine, role, current_replicas.get(role))
+        sts = pool_workload(svc, engine, role, current_replicas.get(role))
         if role == "prefill":
-            sts["spec"]["template"]["metadata"]["annotations"].update(router.prefill_annotations())
+            tmpl = sts["spec"]["template"] if sts["kind"] == "StatefulSet" else sts["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+            tmpl["metadata"]["annotations"].update(router.prefill_annotations())
         objs += [headless_service(svc, engine, role), sts, pod_disruption_budget(svc, role)]
     objs += rbac(svc)
     objs += [deployment(svc, router), service(svc), *discovery_service(svc, router)]

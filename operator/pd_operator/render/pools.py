@@ -27,9 +27,39 @@ MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 CONFIG_HASH_ANNOTATION = "pdserving.io/config-hash"
 
 
+# LeaderWorkerSet (sigs.k8s.io/lws v0.9.0, api/leaderworkerset/v1/leaderworkerset_types.go).
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+
+
 def gpu_count(svc: PDInferenceService, role: str) -> int:
-    pool = svc.spec.pool(role)
-    return pool.gpus_per_replica()
+    """GPUs of one engine pod: a replica's GPUs, split over its nodes when it spans several."""
+    return svc.spec.pool(role).gpus_per_pod(svc.spec.topology.gpus_per_node)
+
+
+def nodes_per_replica(svc: PDInferenceService, role: str) -> int:
+    return svc.spec.pool(role).nodes(svc.spec.topology.gpus_per_node)
+
+
+def spans_nodes(svc: PDInferenceService, role: str) -> bool:
+    """A replica of this pool is a group of pods on several nodes (a LeaderWorkerSet)."""
+    return nodes_per_replica(svc, role) > 1
+
+
+def pool_kind(svc: PDInferenceService, role: str) -> str:
+    """The kind of the object that runs a pool."""
+    return "LeaderWorkerSet" if spans_nodes(svc, role) else "StatefulSet"
+
+
+def serving_selector(svc: PDInferenceService, role: str) -> dict[str, str]:
+    """Labels of the pods that serve a pool's HTTP API: every pod of a one-node
+    pool; only the leader (LWS worker index 0) of each group of a pool whose
+    replicas span nodes (the other nodes serve no HTTP)."""
+    sel = dict(selector_labels(svc, role))
+    if spans_nodes(svc, role):
+        sel[LWS_WORKER_INDEX_LABEL] = "0"
+    return sel
 
 
 # Default requests of an engine container, per GPU it gets (overridable key by
@@ -85,6 +115,8 @@ def _resources(svc: PDInferenceService, role: str) -> dict:
     rdma = spec.kv_transfer.rdma
     if rdma.resource_name:
         extended[rdma.resource_name] = rdma.count
+    for rail in rdma.rail_resource_names:
+        extended[rail] = extended.get(rail, 0) + 1
     # Extended resources must be equal in requests and limits.
     requests.update(extended)
     limits.update(extended)
@@ -192,18 +224,20 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict:
     }
 
 
-def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, replicas: int | None = None) -> dict:
+def _pod_template(svc: PDInferenceService, engine: EngineAdapter, role: str, command: list[str],
+                  serves_http: bool = True, extra_ports: list[dict] | None = None) -> dict:
     spec = svc.spec
     pool = spec.pool(role)
     rdma = spec.kv_transfer.rdma
-    name = child_name(svc, role)
     volumes, mounts = _volumes(svc, engine, role)
 
-    annotations = {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(engine.http_port),
-        "prometheus.io/path": engine.metrics_path(),
-    }
+    annotations = {}
+    if serves_http:
+        annotations.update({
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(engine.http_port),
+            "prometheus.io/path": engine.metrics_path(),
+        })
     if rdma.networks:
         annotations[MULTUS_ANNOTATION] = ",".join(rdma.networks)
     files = engine.config_files()
@@ -216,17 +250,20 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
         "name": "engine",
         "image": spec.engine.effective_image(),
         "imagePullPolicy": spec.engine.image_pull_policy,
-        "command": engine.command(role),
+        "command": command,
         "env": engine.env(role),
-        "ports": engine.ports(role),
+        "ports": engine.ports(role) + list(extra_ports or []),
         "resources": _resources(svc, role),
         "volumeMounts": mounts,
-        "startupProbe": _probe("/health", STARTUP_PERIOD_S, startup_failures(svc)),
-        "readinessProbe": _probe("/health", pool.probes.readiness.period_seconds, pool.probes.readiness.failure_threshold,
-                                 pool.probes.readiness.timeout_seconds),
-        "livenessProbe": _probe("/health", pool.probes.liveness.period_seconds, pool.probes.liveness.failure_threshold,
-                                pool.probes.liveness.timeout_seconds),
     }
+    if serves_http:
+        container.update({
+            "startupProbe": _probe("/health", STARTUP_PERIOD_S, startup_failures(svc)),
+            "readinessProbe": _probe("/health", pool.probes.readiness.period_seconds, pool.probes.readiness.failure_threshold,
+                                     pool.probes.readiness.timeout_seconds),
+            "livenessProbe": _probe("/health", pool.probes.liveness.period_seconds, pool.probes.liveness.failure_threshold,
+                                    pool.probes.liveness.timeout_seconds),
+        })
     if pool.drain_seconds:
         # Kubelet's own sleep action: no shell needed in the image. The router
         # sees the pod go unready/terminating and stops sending it requests
@@ -251,7 +288,7 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
             "maxSkew": 1,
             "topologyKey": spec.topology.spread_key,
             "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": selector_labels(svc, role)},
+            "labelSelector": {"matchLabels": serving_selector(svc, role)},
         }
     ]
     if pool.node_selector:
@@ -260,7 +297,13 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
         pod_spec["tolerations"] = [t.dump() for t in pool.tolerations]
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
+    return apply_overlay(svc, engine, role, {"metadata": {"labels": labels(svc, role), "annotations": annotations},
+                                             "spec": pod_spec})
 
+
+def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, replicas: int | None = None) -> dict:
+    pool = svc.spec.pool(role)
+    name = child_name(svc, role)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -273,12 +316,72 @@ def statefulset(svc: PDInferenceService, engine: EngineAdapter, role: str, repli
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "selector": {"matchLabels": selector_labels(svc, role)},
-            "template": apply_overlay(svc, engine, role, {
-                "metadata": {"labels": labels(svc, role), "annotations": annotations},
-                "spec": pod_spec,
-            }),
+            "template": _pod_template(svc, engine, role, engine.command(role)),
         },
     }
+
+
+def leaderworkerset(svc: PDInferenceService, engine: EngineAdapter, role: str, replicas: int | None = None) -> dict:
+    """A pool whose replicas span nodes: one LWS group per replica, the leader
+    (worker index 0, node rank 0) serving the API, the workers only computing.
+    RecreateGroupOnPodRestart: a lost pod takes its whole group down and LWS
+    recreates it, as the engines cannot re-admit a node into a running group."""
+    spec = svc.spec
+    pool = spec.pool(role)
+    name = child_name(svc, role)
+    ports = engine.group_ports(role)
+    leader = _pod_template(svc, engine, role, engine.group_command(role, leader=True), extra_ports=ports)
+    worker = _pod_template(svc, engine, role, engine.group_command(role, leader=False), serves_http=False)
+    # Workers serve no API: without a readiness probe a worker is Ready once its
+    # container runs; the leader's /health answers only once every node joined.
+    worker["spec"]["containers"][0]["ports"] = [p for p in worker["spec"]["containers"][0]["ports"] if p["name"] != "http"]
+    for tmpl in (leader, worker):
+        _prefer_group_domain(svc, role, tmpl["spec"])
+    meta = metadata(svc, name, role)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": meta,
+        "spec": {
+            "replicas": pool.desired_replicas(replicas),
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+            "networkConfig": {"subdomainPolicy": "Shared"},
+            "leaderWorkerTemplate": {
+                "size": nodes_per_replica(svc, role),
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+def _prefer_group_domain(svc: PDInferenceService, role: str, pod_spec: dict) -> None:
+    """The pods of one group prefer the NVLink domain (rack) of each other: an
+    affinity term keyed on LWS's per-group label (group-key, set by the LWS pod
+    webhook on every pod of a group) through matchLabelKeys, so it only pulls
+    toward the same group's pods. Preferred, not LWS's exclusive-topology
+    annotation, which would also keep every other group out of the domain;
+    inert where nodes lack the label (HGX nodes: no clique label)."""
+    topo = svc.spec.topology
+    if topo.nvlink_domain_key == "kubernetes.io/hostname":
+        return
+    affinity = pod_spec.setdefault("affinity", {})
+    terms = affinity.setdefault("podAffinity", {}).setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    terms.insert(0, {"weight": 100, "podAffinityTerm": {
+        "labelSelector": {"matchLabels": selector_labels(svc, role)},
+        "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
+        "topologyKey": topo.nvlink_domain_key,
+    }})
+
+
+def pool_workload(svc: PDInferenceService, engine: EngineAdapter, role: str, replicas: int | None = None) -> dict:
+    """The object that runs a pool: a StatefulSet, or a LeaderWorkerSet when a replica spans nodes."""
+    if spans_nodes(svc, role):
+        return leaderworkerset(svc, engine, role, replicas)
+    return statefulset(svc, engine, role, replicas)
 
 
 def headless_service(svc: PDInferenceService, engine: EngineAdapter, role: str) -> dict:

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 
 from ..api.constants import ROUTER_VERSIONS
 from ..api.models import PDInferenceService
+from .pools import serving_selector
 from .common import ROUTER_DISCOVERY_PORT, child_name, metadata, secret_env, selector_labels
 from .engines import EngineAdapter
 from .launch import with_secret_flag
@@ -39,7 +40,8 @@ class RouterAdapter(ABC):
         self.version = ROUTER_VERSIONS[self.kind]
 
     def selector_args(self, role: str) -> list[str]:
-        return [f"{k}={v}" for k, v in selector_labels(self.svc, role).items()]
+        # only the pods that serve HTTP: the leaders of a pool whose replicas span nodes
+        return [f"{k}={v}" for k, v in serving_selector(self.svc, role).items()]
 
     @abstractmethod
     def pd_args(self) -> list[str]:

@@ -67,6 +67,14 @@ class EngineAdapter(ABC):
     def command(self, role: str) -> list[str]:
         """The full command line of the engine container for a role."""
 
+    def group_command(self, role: str, leader: bool) -> list[str]:
+        """The command of a leader or worker pod of a replica that spans nodes."""
+        raise NotImplementedError(f"{self.kind}: replicas over several nodes")
+
+    def group_ports(self, role: str) -> list[dict]:
+        """Extra container ports of a group's leader (the engine's multi-node rendezvous)."""
+        return []
+
     @abstractmethod
     def engine_env(self, role: str) -> list[dict]:
         """Engine-specific environment of a role (KV transfer, auth)."""
@@ -133,6 +141,7 @@ class EngineAdapter(ABC):
             if spec.model.source.token_secret_ref:
                 env.append(secret_env("HF_TOKEN", spec.model.source.token_secret_ref))
         env += self.ucx_env()
+        env += self.fabric_env(role)
         env += self.engine_env(role)
         # One entry per name (the API server refuses a container with two):
         # engine.env replaces what the operator set, the pool's env replaces
@@ -141,8 +150,32 @@ class EngineAdapter(ABC):
         return merge_env(env, [e.dump() for e in spec.engine.env], [e.dump() for e in self.pool(role).env])
 
     def rdma_enabled(self) -> bool:
+        return self.spec.rdma_configured()
+
+    def fabric_env(self, role: str) -> list[dict]:
+        """The collective libraries' NIC settings, for a pool whose traffic
+        crosses nodes (a replica over several nodes, or DeepEP's all-to-all):
+        NCCL (NCCL_IB_HCA, NCCL_IB_GID_INDEX, NCCL_IB_TC: NCCL's environment
+        variables) and NVSHMEM, which DeepEP's internode kernels use
+        (NVSHMEM_HCA_LIST with NVSHMEM_ENABLE_NIC_PE_MAPPING=1,
+        NVSHMEM_IB_GID_INDEX, NVSHMEM_IB_TRAFFIC_CLASS: NVSHMEM's env_defs.h).
+        tests/contract/FACTS.md, "Replicas that span nodes"."""
+        pool = self.pool(role)
+        if pool.nodes(self.spec.topology.gpus_per_node) == 1 and not pool.deepep_mode:
+            return []
         rdma = self.spec.kv_transfer.rdma
-        return bool(rdma.resource_name or rdma.ib_devices)
+        env: list[dict] = []
+        if rdma.ib_devices:
+            env.append({"name": "NCCL_IB_HCA", "value": ",".join(d.split(":")[0] for d in rdma.ib_devices)})
+            env.append({"name": "NVSHMEM_ENABLE_NIC_PE_MAPPING", "value": "1"})
+            env.append({"name": "NVSHMEM_HCA_LIST", "value": ",".join(d if ":" in d else f"{d}:1" for d in rdma.ib_devices)})
+        if rdma.gid_index is not None:
+            env += [{"name": "NCCL_IB_GID_INDEX", "value": str(rdma.gid_index)},
+                    {"name": "NVSHMEM_IB_GID_INDEX", "value": str(rdma.gid_index)}]
+        if rdma.traffic_class is not None:
+            env += [{"name": "NCCL_IB_TC", "value": str(rdma.traffic_class)},
+                    {"name": "NVSHMEM_IB_TRAFFIC_CLASS", "value": str(rdma.traffic_class)}]
+        return env
 
     def ucx_env(self) -> list[dict]:
         """UCX settings for NIXL/UCX over InfiniBand or RoCE (only with RDMA configured)."""

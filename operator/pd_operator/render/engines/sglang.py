@@ -18,7 +18,7 @@ set is in flagsets/sglang-0.5.23.json and a contract test checks every line):
 from __future__ import annotations
 
 from ..common import secret_env
-from ..launch import with_secret_flag
+from ..launch import with_group_flags, with_secret_flag
 from .base import EngineAdapter
 from .flagset import has_flag
 
@@ -26,6 +26,13 @@ from .flagset import has_flag
 # launcher in render/launch.py appends --api-key with this variable's value
 # inside the process, so the key is neither in the manifest nor in argv.
 API_KEY_ENV = "PD_ENGINE_API_KEY"
+
+# A replica over several nodes: node 0 (the LWS leader) hosts the rendezvous at
+# --dist-init-addr HOST:PORT and, for DP attention, the ZMQ ports PORT+1..PORT+7
+# (server_args.py PortArgs.init_new, NUM_DERIVED_PORTS); nodes of rank >= 1
+# serve no HTTP (http_server.py launch_server returns after the schedulers exit).
+DIST_INIT_PORT = 20000
+DIST_INIT_PORTS = 8
 
 
 class SGLangAdapter(EngineAdapter):
@@ -43,6 +50,8 @@ class SGLangAdapter(EngineAdapter):
             "--api-key", "--context-length", "--revision", "--trust-remote-code",
             "--mem-fraction-static", "--max-running-requests", "--chunked-prefill-size",
             "--disable-radix-cache", "--enable-metrics",
+            "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr",
+            "--ep-size", "--ep", "--expert-parallel-size", "--moe-a2a-backend", "--deepep-mode",
         }
     )
 
@@ -55,6 +64,22 @@ class SGLangAdapter(EngineAdapter):
         return ["--disable-radix-cache"] if enabled is False else []  # the radix cache is on by default
 
     def command(self, role: str) -> list[str]:
+        argv = self._argv(role)
+        if self.spec.engine.api_key_secret_ref:
+            return with_secret_flag("sglang.launch_server", argv[3:], "--api-key", API_KEY_ENV)
+        return argv
+
+    def group_command(self, role: str, leader: bool) -> list[str]:
+        """A pod of a replica over ``nodes`` nodes: the same command on every node,
+        the node rank and the leader's address filled in from LWS's env."""
+        nodes = self.pool(role).nodes(self.spec.topology.gpus_per_node)
+        argv = self._argv(role) + ["--nnodes", str(nodes)]
+        pairs = [("--dist-init-addr", f"{{LWS_LEADER_ADDRESS}}:{DIST_INIT_PORT}"), ("--node-rank", "{LWS_WORKER_INDEX}")]
+        if self.spec.engine.api_key_secret_ref:
+            pairs.append(("--api-key", f"{{{API_KEY_ENV}}}"))
+        return with_group_flags("sglang.launch_server", argv[3:], pairs)
+
+    def _argv(self, role: str) -> list[str]:
         spec = self.spec
         kvt = spec.kv_transfer
         pool = self.pool(role)
@@ -72,6 +97,12 @@ class SGLangAdapter(EngineAdapter):
             # attention DP inside the TP group (0.5.23: --attn-dp-size; the old
             # --dp-size N --enable-dp-attention is deprecated), or DP replicas
             argv += ["--attn-dp-size" if pool.data_parallel_attention else "--dp-size", str(pool.data_parallel_size)]
+        if pool.expert_parallel:
+            # EP over the whole TP group (moe_dp_size 1: ep_size * moe_dp_size == tp_size,
+            # parallel_hook.py); DeepEP would force ep_size = tp_size anyway (overrides.py _a2a_ep_size)
+            argv += ["--ep-size", str(pool.tensor_parallel_size)]
+        if pool.deepep_mode:
+            argv += ["--moe-a2a-backend", "deepep", "--deepep-mode", pool.deepep_mode]
         argv += [
             "--disaggregation-mode", role,
             "--disaggregation-transfer-backend", self.transfer_backend(),
@@ -93,8 +124,6 @@ class SGLangAdapter(EngineAdapter):
         argv += self.model_and_pool_args(pool)
         argv.append("--enable-metrics")
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
-        if spec.engine.api_key_secret_ref:
-            return with_secret_flag("sglang.launch_server", argv[3:], "--api-key", API_KEY_ENV)
         return argv
 
     def transfer_backend(self) -> str:
@@ -127,8 +156,13 @@ class SGLangAdapter(EngineAdapter):
             ports.append({"name": "bootstrap", "containerPort": self.spec.kv_transfer.bootstrap_port, "protocol": "TCP"})
         return ports
 
+    def group_ports(self, role: str) -> list[dict]:
+        return [{"name": "dist-init", "containerPort": DIST_INIT_PORT, "protocol": "TCP"}]
+
     def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
         ports = super().listen_ports(role)
+        if self.pool(role).nodes(self.spec.topology.gpus_per_node) > 1:
+            ports += [(DIST_INIT_PORT + i, "", f"SGLang's multi-node rendezvous port {DIST_INIT_PORT}+{i}") for i in range(DIST_INIT_PORTS)]
         if role == "prefill":
             ports.append((self.spec.kv_transfer.bootstrap_port, "kvTransfer.bootstrapPort", "the bootstrap server"))
         return ports

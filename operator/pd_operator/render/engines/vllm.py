@@ -34,6 +34,7 @@ from __future__ import annotations
 import yaml
 
 from ..common import ROUTER_DISCOVERY_PORT, discovery_service_host, secret_env
+from ..launch import with_group_flags
 from .base import EngineAdapter, compact_json
 
 LMCACHE_CONFIG_DIR = "/etc/lmcache"
@@ -45,6 +46,12 @@ CONNECTORS = {
     "lmcache": "LMCacheConnectorV1",
     "moriio": "MoRIIOConnector",
 }
+
+
+# DeepEP's two kernels as vLLM's --all2all-backend names (config/parallel.py All2AllBackend).
+DEEPEP_ALL2ALL = {"normal": "deepep_high_throughput", "low_latency": "deepep_low_latency"}
+# The leader's data-parallel coordination port (ParallelConfig.data_parallel_rpc_port's default, rendered explicitly).
+DP_RPC_PORT = 29550
 
 
 class VLLMAdapter(EngineAdapter):
@@ -60,6 +67,9 @@ class VLLMAdapter(EngineAdapter):
             "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
             "--enable-prefix-caching", "--no-enable-prefix-caching",
             "--shutdown-timeout",
+            "--data-parallel-size-local", "-dpl", "--data-parallel-address", "-dpa", "--data-parallel-rpc-port", "-dpp",
+            "--data-parallel-start-rank", "-dpr", "--headless", "--enable-expert-parallel", "-ep", "--all2all-backend",
+            "--nnodes", "-n", "--node-rank", "-r",
         }
     )
 
@@ -128,6 +138,10 @@ class VLLMAdapter(EngineAdapter):
             argv += ["--pipeline-parallel-size", str(pool.pipeline_parallel_size)]
         if pool.data_parallel_size > 1:
             argv += ["--data-parallel-size", str(pool.data_parallel_size)]
+        if pool.expert_parallel:
+            argv.append("--enable-expert-parallel")
+        if pool.deepep_mode:
+            argv += ["--all2all-backend", DEEPEP_ALL2ALL[pool.deepep_mode]]
         argv += self.model_and_pool_args(pool)
         argv += ["--kv-transfer-config", compact_json(self.kv_transfer_config(role))]
         # 0 (the default) aborts every in-flight request on SIGTERM; > 0 drains
@@ -135,6 +149,28 @@ class VLLMAdapter(EngineAdapter):
         argv += ["--shutdown-timeout", str(pool.engine_shutdown_timeout())]
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
         return argv
+
+    def group_command(self, role: str, leader: bool) -> list[str]:
+        """A pod of a replica over several nodes: data parallelism across them
+        (arg_utils.py _set_data_parallel / cli/serve.py run_headless). Each pod
+        runs dataParallelSize / nodes DP ranks; the leader also serves the API
+        and coordinates the ranks over --data-parallel-address:--data-parallel-rpc-port;
+        a worker is --headless, its first rank LWS_WORKER_INDEX x local ranks."""
+        pool = self.pool(role)
+        local = pool.data_parallel_size // pool.nodes(self.spec.topology.gpus_per_node)
+        argv = self.command(role) + [
+            "--data-parallel-size-local", str(local),
+            "--data-parallel-rpc-port", str(DP_RPC_PORT),
+        ]
+        pairs = [("--data-parallel-address", "{LWS_LEADER_ADDRESS}")]
+        if not leader:
+            argv.append("--headless")
+            pairs.append(("--data-parallel-start-rank", f"{{LWS_WORKER_INDEX*{local}}}"))
+        # `vllm` is the console script of vllm.entrypoints.cli.main:main
+        return with_group_flags("vllm.entrypoints.cli.main", argv[1:], pairs)
+
+    def group_ports(self, role: str) -> list[dict]:
+        return [{"name": "dp-rpc", "containerPort": DP_RPC_PORT, "protocol": "TCP"}]
 
     def engine_env(self, role: str) -> list[dict]:
         spec = self.spec

@@ -19,6 +19,7 @@ import sys
 
 from pd_operator.render.engines.flagset import FlagError, check_argv, split_command
 from pd_operator.perfmodel.costmodel import LINKS, Efficiency, Link, shape_for, MODELS
+from .group import group_from_namespace, join, lead
 from .server import SimConfig, SimServer
 
 VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
@@ -50,9 +51,13 @@ def _expand(argv: list[str]) -> list[str]:
 def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = None) -> SimConfig:
     """Build a SimConfig from an engine command line; FlagError/ValueError if refused."""
     opts = opts or sim_parser().parse_args([])
-    from pd_operator.render.launch import logical_argv  # the launcher that keeps a key out of argv
+    from pd_operator.render.launch import GROUP_LAUNCHER, logical_argv, resolve_argv
 
-    argv = _expand(logical_argv(list(engine_argv)))
+    engine_argv = list(engine_argv)
+    if len(engine_argv) > 2 and engine_argv[2] == GROUP_LAUNCHER:
+        # a pod of a replica over several nodes: the launcher's flags from the pod env (render/launch.py)
+        engine_argv = resolve_argv(engine_argv, dict(os.environ))
+    argv = _expand(logical_argv(engine_argv))
     flavor = None
     for comp in ("vllm", "sglang"):
         cmd, _ = split_command(comp, VERSIONS[comp], argv)
@@ -63,6 +68,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         raise ValueError(f"not a vLLM or SGLang command line: {' '.join(argv[:3])} ... "
                          "(expected `vllm serve MODEL ...` or `python3 -m sglang.launch_server ...`)")
     ns = check_argv(flavor, VERSIONS[flavor], argv, allow_abbrev=None)
+    group = group_from_namespace(flavor, ns)
     if flavor == "vllm":
         model = ns.model_tag or "facebook/opt-125m"
         served = list(ns.served_model_name or [model])
@@ -118,11 +124,25 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         efficiency=Efficiency.named(opts.efficiency), link=link,
         default_max_tokens=opts.default_max_tokens,
         shutdown_timeout=shutdown_timeout, listen_fd=opts.listen_fd,
+        group=group,
     )
 
 
-async def _serve(cfg: SimConfig) -> None:
+async def _serve(cfg: SimConfig) -> int:
+    group = cfg.group
+    if group is not None and not group.leader:
+        # a worker node: no HTTP (SGLang node_rank >= 1, vLLM --headless); it lives as long as the leader
+        print(f"pd-sim: {cfg.flavor} {cfg.role} worker, node rank {group.rank}/{group.size}", file=sys.stderr, flush=True)
+        joined = asyncio.create_task(join(group))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        done, _ = await asyncio.wait([joined, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        return 0 if stop.is_set() else 1
     server = SimServer(cfg)
+    lost = asyncio.Event()
+    rendezvous = await lead(group, cfg.host, lost.set) if group is not None else None
     await server.start()
     extra = f", bootstrap :{cfg.bootstrap_port}" if cfg.bootstrap_port else ""
     print(f"pd-sim: {cfg.flavor} {cfg.role} {cfg.model} as {cfg.served_name} (TP {cfg.tp}) on "
@@ -132,10 +152,17 @@ async def _serve(cfg: SimConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())],
+                       return_when=asyncio.FIRST_COMPLETED)
+    if rendezvous is not None:
+        rendezvous.close()
+    if lost.is_set() and not stop.is_set():
+        await server.stop()  # a node is gone: the engine dies with its collectives
+        return 1
     # the engine's own SIGTERM behaviour: abort or drain (SimServer.drain)
     await server.drain()
     await server.stop()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,11 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pd-sim: error: {err}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(cfg))
+        return asyncio.run(_serve(cfg))
     except OSError as err:
         print(f"pd-sim: cannot listen on {cfg.host}:{cfg.port}: {err}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ class SimConfig:
     # harness binds it before the process starts, as a readiness probe would
     # hold traffic back, so a router never meets a refused connection meanwhile
     listen_fd: Optional[int] = None
+    group: Optional[Any] = None  # enginesim.group.Group: a replica over several nodes
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     @property
@@ -246,6 +247,8 @@ class SimServer:
     async def health(self, _request: web.Request) -> web.Response:
         if self.draining and self.cfg.flavor == "sglang":
             return web.Response(status=503)  # http_server.py health_generate: gracefully_exit
+        if self.cfg.group is not None and not self.cfg.group.complete:
+            return web.Response(status=503)  # a replica over nodes serves once every node joined (group.py)
         return web.Response(status=200)
 
     async def metrics(self, _request: web.Request) -> web.Response:

@@ -1,0 +1,117 @@
+"""A simulated engine replica over several nodes (one pod per node).
+
+What the engines do, and the sim copies:
+- SGLang (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``): every node
+  joins the rendezvous node rank 0 hosts at HOST:PORT; only rank 0 serves HTTP
+  (http_server.py launch_server returns for node_rank >= 1), and it serves only
+  after the distributed init, i.e. once every node joined.
+- vLLM (``--data-parallel-size DP --data-parallel-size-local L``, workers
+  ``--headless --data-parallel-start-rank S``): the API server on the leader
+  coordinates the DP ranks over ``--data-parallel-address:--data-parallel-rpc-port``;
+  headless workers serve no API (cli/serve.py run_headless).
+- A lost node takes the replica down: the collectives of the remaining ranks
+  fail, so the leader exits and so do the other workers (LWS then recreates
+  the group: restartPolicy RecreateGroupOnPodRestart).
+
+The sim's rendezvous is one TCP connection per worker to the leader's
+rendezvous port: a worker sends its node rank and holds the connection; the
+leader answers /health 200 only while all N-1 workers are connected, and exits
+when one drops; a worker exits when the leader's connection drops.
+
+The leader's address in a pod is LWS's DNS name (LWS_LEADER_ADDRESS); the
+local test world has no cluster DNS, so ``PD_SIM_LEADER_IP`` (set by the
+e2e harness to the leader pod's IP) is used instead when present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Group:
+    size: int          # nodes (pods) of the replica
+    rank: int          # this node's rank; 0 is the leader
+    leader_host: str
+    port: int          # the leader's rendezvous port
+    joined: set = field(default_factory=set)
+    lost = False
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.joined) == self.size - 1 and not self.lost
+
+
+def group_from_namespace(flavor: str, ns) -> Group | None:
+    """The replica layout of a parsed engine command line; None on one node."""
+    leader = os.environ.get("PD_SIM_LEADER_IP")
+    if flavor == "sglang":
+        nnodes = getattr(ns, "nnodes", 1) or 1
+        if nnodes <= 1:
+            return None
+        host, _, port = (ns.dist_init_addr or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT")
+        return Group(nnodes, ns.node_rank or 0, leader or host, int(port))
+    dp = ns.data_parallel_size or 1
+    local = ns.data_parallel_size_local or dp
+    if local >= dp:
+        return None
+    if dp % local:
+        raise ValueError(f"--data-parallel-size {dp} is not a multiple of --data-parallel-size-local {local}")
+    start = ns.data_parallel_start_rank or 0
+    if bool(getattr(ns, "headless", False)) != (start > 0):
+        raise ValueError("a vLLM replica over nodes: workers are --headless with --data-parallel-start-rank > 0, "
+                         "the leader neither")
+    return Group(dp // local, start // local, leader or ns.data_parallel_address or "127.0.0.1",
+                 ns.data_parallel_rpc_port or 29550)
+
+
+async def lead(group: Group, bind: str, on_lost) -> asyncio.AbstractServer:
+    """Accept the workers' joins on the rendezvous port; ``on_lost()`` when one drops."""
+
+    async def joined(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readline()
+        try:
+            rank = int(line.decode().strip())
+        except ValueError:
+            writer.close()
+            return
+        if not 0 < rank < group.size or rank in group.joined:
+            writer.close()
+            return
+        group.joined.add(rank)
+        print(f"pd-sim: node rank {rank} joined ({len(group.joined)}/{group.size - 1})", file=sys.stderr, flush=True)
+        await reader.read()  # until the worker goes
+        group.joined.discard(rank)
+        group.lost = True
+        print(f"pd-sim: node rank {rank} lost: the replica is down", file=sys.stderr, flush=True)
+        on_lost()
+
+    return await asyncio.start_server(joined, bind, group.port)
+
+
+async def join(group: Group, timeout: float = 600.0) -> None:
+    """A worker: join the leader (retrying while it starts), then hold on until it goes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(group.leader_host, group.port)
+            break
+        except OSError:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+    writer.write(f"{group.rank}\n".encode())
+    await writer.drain()
+    print(f"pd-sim: node rank {group.rank} joined the leader {group.leader_host}:{group.port}", file=sys.stderr, flush=True)
+    await reader.read()
+    print("pd-sim: the leader is gone: the replica is down", file=sys.stderr, flush=True)

@@ -1,0 +1,213 @@
+"""Replicas that span nodes (issue 16): the layout rules, the LeaderWorkerSet
+render and the leader/worker commands, checked against what the engines do
+(tests/contract/FACTS.md, "Replicas that span nodes")."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_operator.api import SpecError, validate_service
+from pd_operator.render import render
+from pd_operator.render.engines.flagset import check_argv
+from pd_operator.render.launch import resolve_argv
+from tests.conftest import minimal
+
+H200 = {"gpusPerNode": 8, "nvlinkDomainKey": "kubernetes.io/hostname"}
+
+
+def sglang_wide_ep(**over) -> dict:
+    """SGLang DeepSeek layout: prefill TP16 over 2 nodes, decode TP32 + DP attention 32 + DeepEP over 4."""
+    spec = {
+        "topology": H200,
+        "prefill": {"tensorParallelSize": 16, "expertParallel": True, "deepepMode": "normal"},
+        "decode": {"tensorParallelSize": 32, "dataParallelSize": 32, "dataParallelAttention": True,
+                   "expertParallel": True, "deepepMode": "low_latency", "replicas": 2},
+    }
+    spec.update(over)
+    return minimal("sglang", **spec)
+
+
+def vllm_wide_ep(**over) -> dict:
+    spec = {
+        "topology": H200,
+        "prefill": {"tensorParallelSize": 1, "dataParallelSize": 16, "expertParallel": True, "deepepMode": "normal"},
+        "decode": {"tensorParallelSize": 1, "dataParallelSize": 32, "expertParallel": True, "deepepMode": "low_latency"},
+    }
+    spec.update(over)
+    return minimal("vllm", **spec)
+
+
+def problems(obj) -> dict[str, str]:
+    with pytest.raises(SpecError) as err:
+        validate_service(obj)
+    return dict(err.value.problems)
+
+
+def workloads(obj) -> dict[str, dict]:
+    return {o["metadata"]["labels"]["app.kubernetes.io/component"]: o for o in render(validate_service(obj))
+            if o["kind"] in ("StatefulSet", "LeaderWorkerSet")}
+
+
+# -- layout ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, pool, nodes, gpus_per_pod", [
+    ("sglang", {"tensorParallelSize": 16}, 2, 8),                                   # TP over 2 nodes
+    ("sglang", {"tensorParallelSize": 32, "dataParallelSize": 32, "dataParallelAttention": True}, 4, 8),
+    ("sglang", {"tensorParallelSize": 8, "pipelineParallelSize": 2}, 2, 8),          # PP over nodes
+    ("sglang", {"tensorParallelSize": 16, "nodesPerReplica": 4}, 4, 4),              # stated node count
+    ("vllm", {"tensorParallelSize": 2, "dataParallelSize": 8}, 2, 8),               # DP over nodes
+    ("vllm", {"tensorParallelSize": 1, "dataParallelSize": 32}, 4, 8),
+])
+def test_a_replica_spans_the_nodes_its_gpus_need(kind, pool, nodes, gpus_per_pod):
+    svc = validate_service(minimal(kind, topology=H200, decode=pool))
+    assert svc.spec.decode.nodes(8) == nodes
+    assert svc.spec.decode.gpus_per_pod(8) == gpus_per_pod
+    lws = workloads(minimal(kind, topology=H200, decode=pool))["decode"]
+    assert lws["kind"] == "LeaderWorkerSet"
+    tmpl = lws["spec"]["leaderWorkerTemplate"]
+    assert tmpl["size"] == nodes
+    for side in ("leaderTemplate", "workerTemplate"):
+        res = tmpl[side]["spec"]["containers"][0]["resources"]
+        assert res["limits"]["nvidia.com/gpu"] == gpus_per_pod
+
+
+def test_a_replica_on_one_node_stays_a_statefulset():
+    objs = workloads(sglang_wide_ep(decode={"tensorParallelSize": 8}))
+    assert objs["decode"]["kind"] == "StatefulSet"
+    assert objs["prefill"]["kind"] == "LeaderWorkerSet"
+
+
+def test_sglang_refuses_dp_replicas_across_nodes_with_its_reason():
+    p = problems(minimal("sglang", topology=H200, decode={"tensorParallelSize": 8, "dataParallelSize": 2}))
+    assert "multi-node data-parallel replicas are not supported" in p["spec.decode.dataParallelSize"]
+
+
+def test_layout_that_does_not_split_over_the_nodes_is_refused():
+    # 16 GPUs over 3 nodes: SGLang asserts (tp_size * pp_size) % nnodes == 0
+    p = problems(minimal("sglang", topology=H200, decode={"tensorParallelSize": 16, "nodesPerReplica": 3}))
+    assert "split evenly over its nodes" in p["spec.decode.nodesPerReplica"]
+    # 16 GPUs on 1 node of 8
+    p = problems(minimal("sglang", topology=H200, decode={"tensorParallelSize": 16, "nodesPerReplica": 1}))
+    assert "spec.decode.nodesPerReplica" in p
+
+
+def test_vllm_spans_nodes_only_by_whole_dp_ranks():
+    p = problems(minimal("vllm", topology=H200, decode={"tensorParallelSize": 16}))
+    assert "dataParallelSize must be a multiple of the nodes" in p["spec.decode.dataParallelSize"]
+
+
+def test_deepep_needs_expert_parallel_and_vllm_has_no_auto():
+    p = problems(minimal("sglang", decode={"deepepMode": "auto"}))
+    assert "spec.decode.deepepMode" in p
+    p = problems(minimal("vllm", decode={"expertParallel": True, "deepepMode": "auto"}))
+    assert "vLLM's --all2all-backend" in p["spec.decode.deepepMode"]
+
+
+# -- commands -------------------------------------------------------------------
+
+
+def group_env(index: int) -> dict[str, str]:
+    return {"LWS_LEADER_ADDRESS": "svc-decode-0.svc-decode.ns", "LWS_WORKER_INDEX": str(index),
+            "LWS_GROUP_SIZE": "4", "PD_ENGINE_API_KEY": "k"}
+
+
+def parsed(kind: str, lws: dict, side: str, index: int):
+    argv = lws["spec"]["leaderWorkerTemplate"][side]["spec"]["containers"][0]["command"]
+    return check_argv(kind, "0.5.23" if kind == "sglang" else "0.33.0", resolve_argv(argv, group_env(index)))
+
+
+def test_sglang_leader_and_workers_parse_with_node_rank_and_rendezvous():
+    lws = workloads(sglang_wide_ep(engine={"kind": "sglang", "apiKeySecretRef": {"name": "k", "key": "k"}}))["decode"]
+    leader = parsed("sglang", lws, "leaderTemplate", 0)
+    worker = parsed("sglang", lws, "workerTemplate", 3)
+    for ns, rank in ((leader, 0), (worker, 3)):
+        assert ns.nnodes == 4 and ns.node_rank == rank
+        assert ns.dist_init_addr == "svc-decode-0.svc-decode.ns:20000"
+        assert ns.tp_size == 32 and ns.attn_dp_size == 32 and ns.ep_size == 32
+        assert ns.moe_a2a_backend == "deepep" and ns.deepep_mode == "low_latency"
+        assert ns.api_key == "k"
+    assert lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+
+
+def test_vllm_workers_are_headless_with_their_first_dp_rank():
+    lws = workloads(vllm_wide_ep())["decode"]
+    leader = parsed("vllm", lws, "leaderTemplate", 0)
+    assert leader.data_parallel_size == 32 and leader.data_parallel_size_local == 8
+    assert leader.data_parallel_address == "svc-decode-0.svc-decode.ns" and not leader.headless
+    assert leader.data_parallel_start_rank is None  # a start rank would switch the leader to hybrid LB
+    assert leader.enable_expert_parallel and leader.all2all_backend == "deepep_low_latency"
+    worker = parsed("vllm", lws, "workerTemplate", 3)
+    assert worker.headless and worker.data_parallel_start_rank == 24 and worker.data_parallel_size_local == 8
+
+
+def test_only_leaders_serve_http_and_routers_select_only_them():
+    objs = render(validate_service(sglang_wide_ep()))
+    lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"].endswith("decode"))
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert "readinessProbe" in leader and "readinessProbe" not in worker
+    router = next(o for o in objs if o["kind"] == "Deployment")
+    argv = router["spec"]["template"]["spec"]["containers"][0]["command"]
+    for flag in ("--prefill-selector", "--decode-selector"):
+        rest = argv[argv.index(flag) + 1:]
+        labels = rest[: next(i for i, a in enumerate(rest) if a.startswith("--"))]
+        assert "leaderworkerset.sigs.k8s.io/worker-index=0" in labels, (flag, labels)
+
+
+# -- status and autoscaling count groups -------------------------------------------
+
+from pd_operator.autoscale import fit  # noqa: E402
+from pd_operator.controller.status import _pool_condition, pool_status  # noqa: E402
+
+
+def gpu_node(name: str, gpus: int = 8) -> dict:
+    return {"metadata": {"name": name, "labels": {}},
+            "spec": {}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_free_gpu_cap_counts_whole_groups():
+    lws = workloads(sglang_wide_ep())["decode"]          # groups of 4 pods x 8 GPUs
+    template, size = fit.workload_template(lws)
+    assert size == 4
+    nodes = [gpu_node(f"n{i}") for i in range(7)]
+    free = fit.free_gpus(nodes, [], "nvidia.com/gpu")
+    assert fit.room(free, nodes, template, "nvidia.com/gpu", size) == 1   # 7 free nodes hold one group of 4
+    fit.take(free, nodes, template, "nvidia.com/gpu", 1, size)
+    assert sum(free.values()) == 3 * 8
+
+
+def pending_pod(name: str, group: str) -> dict:
+    return {"metadata": {"name": name, "labels": {"leaderworkerset.sigs.k8s.io/group-index": group}},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "message": "0/7 nodes are available: Insufficient nvidia.com/gpu"}]}}
+
+
+def test_status_counts_groups_not_pods():
+    svc = validate_service(sglang_wide_ep())
+    lws = {**workloads(sglang_wide_ep())["decode"], "status": {"replicas": 2, "readyReplicas": 1}}
+    cond, _ = _pool_condition(svc, "decode", lws, [], 1)
+    assert cond["status"] == "False" and "1/2 decode groups of 4 pods ready" in cond["message"]
+    # three pods of one group pending are one replica held back, not three
+    pods = [pending_pod(f"p{i}", "1") for i in range(3)]
+    assert pool_status(lws, pods)["pendingReplicas"] == 1
+
+
+def test_per_rail_rdma_and_wide_ep_fabric_env():
+    obj = sglang_wide_ep(kvTransfer={"backend": "mooncake", "rdma": {
+        "railResourceNames": [f"nvidia.com/rail{i}" for i in range(8)], "ibDevices": ["mlx5_0", "mlx5_1"],
+        "gidIndex": 3, "trafficClass": 106}})
+    objs = workloads(obj)
+    for role in ("prefill", "decode"):
+        c = objs[role]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        assert all(c["resources"]["limits"][f"nvidia.com/rail{i}"] == 1 for i in range(8))
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1" and env["NVSHMEM_HCA_LIST"] == "mlx5_0:1,mlx5_1:1"
+        assert env["NVSHMEM_ENABLE_NIC_PE_MAPPING"] == "1"
+        assert env["NCCL_IB_GID_INDEX"] == env["NVSHMEM_IB_GID_INDEX"] == "3"
+        assert env["NCCL_IB_TC"] == env["NVSHMEM_IB_TRAFFIC_CLASS"] == "106"
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]  # RDMA memory registration
+    # a one-node pool without DeepEP gets no collective-fabric env
+    one = workloads(minimal("sglang", kvTransfer=obj["spec"]["kvTransfer"]))["decode"]
+    assert not any(e["name"].startswith(("NCCL_", "NVSHMEM_")) for e in one["spec"]["template"]["spec"]["containers"][0]["env"])
