@@ -65,9 +65,13 @@ def test_secondary_signals_are_per_replica_averages_of_the_engine_gauges():
 
 
 def test_pool_queries_ask_for_secondaries_only_when_wanted():
-    assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"}
+    load = {"waiting_total", "running_total"}  # offered load: always asked (decide's demand)
+    assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"} | load
     decode = pool_queries("vllm", "decode", 0.99, secondaries={"kvCacheUsage", "queueDepth"})
-    assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage"}
+    assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage", "osl_hist"} | load
+    assert decode["osl_hist"].promql == ('sum by (namespace, pdserving_io_service, le) '
+                                         '(rate(vllm:request_generation_tokens_bucket{pdserving_io_role="decode"}[1m]))')
+    assert "sum by (namespace, pdserving_io_service) (avg_over_time(vllm:num_requests_waiting{" in decode["waiting_total"].promql
     assert decode["queue"] == secondary_query("vllm", "decode", "queueDepth")
     assert decode["mean_isl"].promql == mean_length_query("vllm", "mean_isl").promql  # ISL from the prefill pods
     for q in decode.values():  # one query per signal for all services
