@@ -106,6 +106,7 @@ class Sample:
     at: float
     ready: int
     observed: float
+    load: float | None = None  # demand per Ready replica
 
 
 @dataclass
@@ -213,20 +214,21 @@ SETTLE_S = 90.0  # the 1-minute rate window plus a scrape after the last resize
 
 
 def _futile(state: PoolState, observed: float, target: float, tolerance: float, history: History,
-            now: float) -> str | None:
+            now: float, demand: float | None = None) -> str | None:
     """Whether the latency feedback has been shown not to help (rule 2b), and why.
-    Records the sample. Futility ends when the latency falls into the band (or below),
-    or FUTILITY_GAIN below the level at which it was found."""
+    Records the sample. Futility ends when the latency falls into the band (or below)."""
     above = observed > target * (1 + tolerance)
     if not above:
         history.futile = None
         history.samples.clear()
         return None
-    if history.futile is not None and observed < history.futile * (1 - FUTILITY_GAIN):
-        history.futile = None
     why = None
-    if history.futile is None and state.starting == 0:
-        smaller = [x for x in history.samples if x.ready < state.ready]
+    load = demand / state.ready if demand is not None and state.ready else None
+    if history.futile is None and state.starting == 0 and load is not None:
+        # a smaller pool that carried FUTILITY_GAIN more load per replica (a ramp that outgrew the
+        # new replicas is not evidence: the load per replica must have fallen)
+        smaller = [x for x in history.samples if x.ready < state.ready and x.load is not None
+                   and x.load >= load * (1 + FUTILITY_GAIN)]
         if smaller:
             before = min(smaller, key=lambda x: x.ready)
             if observed >= before.observed * (1 - FUTILITY_GAIN):
@@ -236,14 +238,14 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
     elif history.futile is not None:
         why = f"adding replicas did not lower it below {history.futile * 1000:.0f}ms"
     if state.starting == 0:
-        history.samples.append(Sample(now, state.ready, observed))
+        history.samples.append(Sample(now, state.ready, observed, load))
     return why
 
 
 def _corrected_capacity(signal: Signal, state: PoolState, target: float, tolerance: float,
                         history: History, now: float) -> tuple[float | None, str]:
     """The per-replica capacity corrected online (rule 3b): when the latency is above the
-    band, the pool is saturated and each Ready replica sustains at most what it produced,
+    band and requests queue (at least one waiting per Ready replica), the pool is saturated and each Ready replica sustains at most what it produced,
     ``produced / ready``; a model (or setting) above that is scaled down by the ratio
     (smoothed, never above 1: a faster engine only ever leaves headroom). Not saturated, a
     replica sustains at least what it produced: the factor never stays below that. Sampled
@@ -256,8 +258,9 @@ def _corrected_capacity(signal: Signal, state: PoolState, target: float, toleran
                and not any(now - c.at < SETTLE_S for c in history.changes))
     if settled and signal.produced is not None:
         sample = min(1.0, signal.produced / state.ready / (cap / max(signal.utilization, 1e-9)))
-        if signal.observed is not None and signal.observed > target * (1 + tolerance):
-            # saturated: a replica sustains what it produced, no more
+        queued = signal.waiting is not None and signal.waiting >= state.ready  # >= 1 waiting per replica
+        if signal.observed is not None and signal.observed > target * (1 + tolerance) and queued:
+            # saturated (latency above the band and a queue): a replica sustains what it produced, no more
             history.capacity_factor = ((1 - CORRECTION_WEIGHT) * history.capacity_factor
                                        + CORRECTION_WEIGHT * sample)
         else:
@@ -300,7 +303,7 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     rec, stands = _feedback(signal.observed, target, state.replicas, state.ready, policy.tolerance, signal.floor or 0.0)
     clauses = [f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms "
                f"{stands} target {target * 1000:.0f}ms"]
-    futile = _futile(state, signal.observed, target, policy.tolerance, history, now)
+    futile = _futile(state, signal.observed, target, policy.tolerance, history, now, signal.demand)
     capacity, corrected = _corrected_capacity(signal, state, target, policy.tolerance, history, now)
     model = None
     if signal.demand is not None and capacity:

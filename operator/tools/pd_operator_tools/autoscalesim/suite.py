@@ -57,23 +57,23 @@ class Entry:
         return replace(self.trace, start_h=self.start_h, hours=self.hours * hours_scale)
 
 
-_EVENING = 19.75
+_EVENING = 19.85
 SUITE: tuple[Entry, ...] = (
-    Entry("reference", REFERENCE, _EVENING, 3.0, about="the reference day's evening surge (3x, 15-min ramp)"),
+    Entry("reference", REFERENCE, _EVENING, 2.0, about="the reference day's evening surge (3x, 15-min ramp)"),
     Entry("second-surge", TRACES["second-surge"], 12.75, 2.0, about="the shipped second surge (2x at 13:00)"),
-    Entry("slow-ramp", TRACES["slow-ramp"], 9.0, 2.5, about="the shipped slow ramp (5 -> 20 req/s over 12 h), steepest part"),
+    Entry("slow-ramp", TRACES["slow-ramp"], 9.0, 2.0, about="the shipped slow ramp (5 -> 20 req/s over 12 h), steepest part"),
     Entry("flash-crowd", TRACES["flash-crowd"], 10.75, 1.25, about="the shipped flash crowd (4x in 1 min at 11:00)"),
-    Entry("steep-ramp", replace(REFERENCE, surges=(Surge(20.0, 7.5, 22.0, 30, 3.0),)), _EVENING, 3.0,
+    Entry("steep-ramp", replace(REFERENCE, surges=(Surge(20.0, 7.5, 22.0, 30, 3.0),)), _EVENING, 2.0,
           about="the evening surge ramping 2x steeper (7.5 min)"),
-    Entry("wide-osl", replace(REFERENCE, osl=LengthDist("lognormal", 1000, 1.0, 1, 8192)), _EVENING, 3.0,
+    Entry("wide-osl", replace(REFERENCE, osl=LengthDist("lognormal", 1000, 1.0, 1, 8192)), _EVENING, 2.0,
           about="output lengths lognormal sigma 1.0 (reference 0.6), cap 8192"),
-    Entry("long-prompts", replace(REFERENCE, isl=LengthDist("lognormal", 4000, 1.0, 1, 32768)), _EVENING, 3.0,
+    Entry("long-prompts", replace(REFERENCE, isl=LengthDist("lognormal", 4000, 1.0, 1, 32768)), _EVENING, 2.0,
           about="prompts lognormal mean 4000 sigma 1.0, cap 32768: ~1.5 % cannot finish prefill within 1 s"),
     Entry("mix-shift", replace(REFERENCE, mix=((12.0, LengthDist("lognormal", 500, 0.6, 1, 8192),
                                                  LengthDist("lognormal", 2500, 0.8, 1, 8192)),)), 11.5, 2.0,
           about="at 12:00 the mix turns from chat (ISL 2000 / OSL 1000) to short prompts, long answers (500 / 2500)"),
-    Entry("engines-slower", REFERENCE, _EVENING, 3.0, slowdown=1.2, about="the reference evening, engines 20 % slower than the cost model"),
-    Entry("engines-faster", REFERENCE, _EVENING, 3.0, slowdown=0.8, about="the reference evening, engines 20 % faster than the cost model"),
+    Entry("engines-slower", REFERENCE, _EVENING, 2.0, slowdown=1.2, about="the reference evening, engines 20 % slower than the cost model"),
+    Entry("engines-faster", REFERENCE, _EVENING, 2.0, slowdown=0.8, about="the reference evening, engines 20 % faster than the cost model"),
 )
 
 
