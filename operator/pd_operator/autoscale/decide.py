@@ -12,7 +12,13 @@ The control law (docs: autoscale/README.md):
 2. Feedback on the observed quantile, as HPA does on its metric:
    ``ratio = observed / target``; inside the tolerance band -> keep;
    otherwise ``ceil(ready * ratio)``.
+   2b. Futility guard: when a smaller pool carrying more load per replica saw
+   (nearly) the same latency, the replicas added did not lower it; the
+   feedback is left out until the latency is back in the band.
 3. A model-based floor when demand is known: ``ceil(demand / capacity)``,
+   where ``demand`` is the offered load (plan.py: queue included);
+   3b. ``capacity`` corrected online from what a saturated, settled pool
+   produced per replica; 3c. the feedback bounded by twice the floor.
    where ``capacity`` is what one replica serves at the target (the pool's
    ``capacityPerReplica``, or the calibrated cost model: capacity.py). Scale-up takes the larger of feedback and model;
    scale-down never goes below the model's need.
