@@ -86,6 +86,10 @@ class Signal:
     utilization: float = 1.0
     # requests waiting in the pool's queues (sum over its pods); None: unknown
     waiting: float | None = None
+    # the latency alone shows saturation (decode: one step is shared by the whole batch, so an
+    # ITL above target is load); False: saturation also needs a queue (prefill: a few long
+    # prompts raise the TTFT quantile of a pool that is not full)
+    latency_saturates: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,7 @@ class History:
     # which adding replicas was found not to lower it (None: feedback trusted)
     samples: list[Sample] = field(default_factory=list)
     futile: float | None = None
+    saturated_since: float | None = None  # since when the pool has been saturated without a break
 
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
@@ -217,6 +222,7 @@ FEEDBACK_CAP = 2.0
 # Online capacity correction (rule 3b): weight of a new saturated sample.
 CORRECTION_WEIGHT = 0.5
 SETTLE_S = 90.0  # the 1-minute rate window plus a scrape after the last resize
+SATURATED_S = 60.0  # saturated this long: the 1-minute rate window holds only saturated time
 
 
 def _futile(state: PoolState, observed: float, target: float, tolerance: float, history: History,
@@ -250,8 +256,13 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
 
 def _corrected_capacity(signal: Signal, state: PoolState, target: float, tolerance: float,
                         history: History, now: float) -> tuple[float | None, str]:
-    """The per-replica capacity corrected online (rule 3b): when the latency is above the
-    band and requests queue (at least one waiting per Ready replica), the pool is saturated and each Ready replica sustains at most what it produced,
+    """The per-replica capacity corrected online (rule 3b). The pool is saturated when its
+    latency is above the target (not only above the band: a decode pool at 52 ms is inside
+    a 10 % band and misses a 50 ms SLO on every request) and requests queue (at least one
+    waiting per Ready replica) -- or, for decode (``latency_saturates``), the ITL alone: one
+    step is shared by the whole batch, so an ITL above target is load. Saturated for
+    SATURATED_S (the rate window then holds no unsaturated time: a burst's first seconds
+    would read as a slow engine), each Ready replica sustains at most what it produced,
     ``produced / ready``; a model (or setting) above that is scaled down by the ratio
     (smoothed, never above 1: a faster engine only ever leaves headroom). Not saturated, a
     replica sustains at least what it produced: the factor never stays below that. Sampled
@@ -260,16 +271,22 @@ def _corrected_capacity(signal: Signal, state: PoolState, target: float, toleran
     cap = signal.capacity
     if not cap:
         return cap, ""
+    queued = signal.waiting is not None and signal.waiting >= state.ready  # >= 1 waiting per replica
+    saturated = (signal.observed is not None and signal.observed > target
+                 and (queued or signal.latency_saturates))
+    if not saturated:
+        history.saturated_since = None
+    elif history.saturated_since is None:
+        history.saturated_since = now
     settled = (state.starting == 0 and state.ready == state.replicas and state.ready > 0
                and not any(now - c.at < SETTLE_S for c in history.changes))
     if settled and signal.produced is not None:
         sample = min(1.0, signal.produced / state.ready / (cap / max(signal.utilization, 1e-9)))
-        queued = signal.waiting is not None and signal.waiting >= state.ready  # >= 1 waiting per replica
-        if signal.observed is not None and signal.observed > target * (1 + tolerance) and queued:
-            # saturated (latency above the band and a queue): a replica sustains what it produced, no more
+        if saturated and now - history.saturated_since >= SATURATED_S:
+            # saturated for a whole rate window: a replica sustains what it produced, no more
             history.capacity_factor = ((1 - CORRECTION_WEIGHT) * history.capacity_factor
                                        + CORRECTION_WEIGHT * sample)
-        else:
+        elif not saturated:
             # not saturated: it sustains at least what it produced
             history.capacity_factor = max(history.capacity_factor, sample)
     f = history.capacity_factor

@@ -86,6 +86,7 @@ def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float 
         produced=obs.demand if obs else None,
         utilization=capacity.utilization if capacity else 1.0,
         waiting=obs.waiting_total if obs else None,
+        latency_saturates=role == "decode",
     )
 
 

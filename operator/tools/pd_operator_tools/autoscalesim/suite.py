@@ -36,7 +36,7 @@ from .report import table_md, write_png
 from .runner import Result, run_policy
 from .trace import REFERENCE, TRACES, Surge, Trace
 
-# The oracle's utilizations: the reference day's search result (tests/benchmarks/results/oracle-search.log,
+# The oracle's utilizations: the first version's full-day search result (tests/benchmarks/results/oracle-search.log at commit a8a59ca,
 # the full-day point that passed); not searched again per trace (a search is ~10 runs per trace).
 ORACLE_U = (0.8, 0.8)
 BASELINES = ("static-peak", "static-mean", "hpa", "dynamo")
