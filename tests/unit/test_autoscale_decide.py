@@ -298,3 +298,14 @@ def test_decode_itl_above_target_inside_the_band_corrects_capacity():
                    latency_saturates=True), h, now=1000.0)
     assert abs(h.capacity_factor - (0.5 + 0.5 * 5000 / (6000 / 0.85))) < 1e-9
     assert d.recommendation == 5 and "observed at saturation" in d.reason  # 24k / 5.1k; the model alone: 4
+
+
+def test_a_sustained_queue_is_saturation_even_with_latency_in_the_band():
+    # decode slots all taken (2 waiting per replica), ITL reads 49.75 ms (vLLM's bucket edge):
+    # 4 replicas produced 20k tok/s against a model of 6k at 0.85 -> corrected
+    h = History(saturated_since=900.0)
+    decode = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=32)
+    decide(decode, PoolState(replicas=4, ready=4),
+           sig(0.04975, demand=24000, capacity=6000, produced=20000, utilization=0.85, waiting=8,
+               latency_saturates=True), h, now=1000.0)
+    assert h.capacity_factor < 0.9

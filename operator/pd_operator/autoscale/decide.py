@@ -256,11 +256,14 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
 
 def _corrected_capacity(signal: Signal, state: PoolState, target: float, tolerance: float,
                         history: History, now: float) -> tuple[float | None, str]:
-    """The per-replica capacity corrected online (rule 3b). The pool is saturated when its
-    latency is above the target (not only above the band: a decode pool at 52 ms is inside
-    a 10 % band and misses a 50 ms SLO on every request) and requests queue (at least one
-    waiting per Ready replica) -- or, for decode (``latency_saturates``), the ITL alone: one
-    step is shared by the whole batch, so an ITL above target is load. Saturated for
+    """The per-replica capacity corrected online (rule 3b). Decode (``latency_saturates``) is
+    saturated when requests queue (at least one waiting per Ready replica: every slot is
+    taken) or its ITL is above the target (not only above the band: a decode pool at 52 ms
+    is inside a 10 % band and misses a 50 ms SLO on every request; one step is shared by
+    the whole batch, so an ITL above target is load). Prefill needs both a queue and a TTFT
+    above target: a TTFT above target alone can be a few prompts too long for it, and a
+    short queue during a ramp reads low (prompt tokens are counted when a prompt finishes,
+    so work in progress that grows is not counted yet). Saturated for
     SATURATED_S (the rate window then holds no unsaturated time: a burst's first seconds
     would read as a slow engine), each Ready replica sustains at most what it produced,
     ``produced / ready``; a model (or setting) above that is scaled down by the ratio
@@ -272,8 +275,8 @@ def _corrected_capacity(signal: Signal, state: PoolState, target: float, toleran
     if not cap:
         return cap, ""
     queued = signal.waiting is not None and signal.waiting >= state.ready  # >= 1 waiting per replica
-    saturated = (signal.observed is not None and signal.observed > target
-                 and (queued or signal.latency_saturates))
+    above = signal.observed is not None and signal.observed > target
+    saturated = (queued or above) if signal.latency_saturates else (queued and above)
     if not saturated:
         history.saturated_since = None
     elif history.saturated_since is None:
