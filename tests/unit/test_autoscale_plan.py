@@ -179,14 +179,16 @@ def test_decode_demand_is_offered_load_not_produced_tokens():
     # a saturated decode pool produces 10k tok/s with 200 running and 200 waiting: offered is 20k
     obs = Observation(0.05, 10000.0, mean_isl=2000, mean_osl=1000, waiting_total=200, running_total=200)
     assert offered_load("decode", obs) == 20000.0
-    # prefill: processed 40k tok/s plus 120 waiting prompts of 2000 tokens over the 60 s window
-    pre = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=8)
-    assert offered_load("prefill", pre) == 44000.0
+    # prefill: processed 40k tok/s plus 120 waiting and 30 running prompts of 2000 tokens over
+    # the 60 s window (a prefill engine admits up to max-num-seqs prompts: its backlog runs)
+    pre = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=30)
+    assert offered_load("prefill", pre) == 45000.0
+    assert offered_load("prefill", Observation(5.0, 40000.0, mean_isl=2000, waiting_total=0, running_total=30)) == 41000.0
 
 
 def test_decode_sized_from_what_prefill_is_offered():
     # prefill has a backlog decode has not seen yet: 44k prompt tok/s / 2000 x 1000 = 22k gen tok/s
-    pre = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=8)
+    pre = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=0)
     dec = Observation(0.03, 10000.0, mean_isl=2000, mean_osl=1000, waiting_total=0, running_total=200)
     assert decode_offered_from_prefill(pre, dec) == 22000.0
     s = svc(prefill={"autoscaling": AUTO}, decode={"autoscaling": AUTO})

@@ -45,17 +45,22 @@ def offered_load(role: str, obs: Observation | None) -> float | None:
     """The pool's demand as offered load, not only what it produced (a saturated pool
     produces its capacity, whatever is offered): decode, generated tokens/s x (running +
     waiting) / running (each waiting stream would generate as a running one does);
-    prefill, prompt tokens/s + the waiting prompts (x mean ISL) over ``QUEUE_DRAIN_S``.
+    prefill, prompt tokens/s + the waiting and running prompts (x mean ISL) over
+    ``QUEUE_DRAIN_S`` (a prefill engine admits up to max-num-seqs prompts and shares its
+    chunked steps among them: its backlog shows as running; found by the closed-loop test).
     Without the queue gauges: what the pool produced."""
     if obs is None or obs.demand is None:
         return None
-    produced, waiting = obs.demand, obs.waiting_total
-    if not waiting or waiting <= 0:
-        return produced
+    produced, waiting = obs.demand, obs.waiting_total or 0.0
     if role == "decode":
+        if waiting <= 0:
+            return produced
         running = obs.running_total or 0.0
         return produced * (running + waiting) / running if running > 0 and produced > 0 else produced
-    return produced + waiting * (obs.mean_isl or 0.0) / QUEUE_DRAIN_S
+    # prefill: a running prompt is not prefilled yet either (an engine admits up to max-num-seqs
+    # prompts and shares its chunked steps among them: a backlog shows as running, not waiting)
+    backlog = waiting + (obs.running_total or 0.0)
+    return produced + backlog * (obs.mean_isl or 0.0) / QUEUE_DRAIN_S
 
 
 def decode_offered_from_prefill(prefill: Observation | None, decode: Observation | None) -> float | None:
