@@ -12,7 +12,8 @@ Load goes through the router. One test walks the phases the issue names: a
 burst of long prompts scales prefill (TTFT) and not decode; long generations
 scale decode (ITL) and not prefill; after the load both come back down after
 their stabilization windows, with no request lost while pods are removed
-(preStop drain, emulated by the harness as the kubelet runs it); Prometheus
+(preStop drain, emulated by the harness as the kubelet runs it); a flash crowd
+scales decode and not prefill (issue 14); Prometheus
 stopped -> hold and MetricsAvailable=False, recovery when it returns; a
 policy edit applies at the next round, without a restart. A second
 test fills the cluster's GPUs: prefill scales into the last free GPU and no
@@ -312,6 +313,25 @@ def test_each_pool_scales_on_its_own_signal_and_back(loop, namespace, custom_obj
         assert not failed, f"{len(failed)} requests failed: {failed[:5]}"
         assert "below target" in scale_reason(custom_objects, namespace, name, "decode")
 
+        # 3b. a flash crowd (issue 14): from 0.5 to 8 req/s at once, 2000-token prompts
+        #     (~0.5 of one prefill replica) and 300 tokens out (~40 streams at a ~2200-token
+        #     context, above the 10 ms ITL target on one decode replica): decode grows;
+        #     prefill, whose own TTFT stays low, does not (TTFT is prefill's queue and compute,
+        #     not the wait for a decode slot); then both come back to 1
+        t = tl.mark("flash crowd: 8 req/s at once, 2000-token prompts, 300 tokens out")
+        since = time.monotonic() - tl.t0
+        loads.append(Load(router.url, rate=8, prompt_tokens=2000, max_tokens=300, seed=5).start())
+        wait_for(lambda: tl.replicas("decode") >= 2, 120, "decode scaled up on the flash crowd")
+        crowd = tl.mark("decode scaled up") - t
+        time.sleep(20)  # a few more rounds of the crowd
+        assert tl.max("prefill", since) == 1, "prefill grew on a decode-bound crowd"
+        loads[-1].stop()
+        tl.mark(f"crowd over ({loads[-1].ok} requests)")
+        wait_for(lambda: tl.replicas("prefill") == 1 and tl.replicas("decode") == 1, 240, "both pools back to 1")
+        tl.mark("both pools at 1 again")
+        failed = [f for ld in loads for f in ld.failed]
+        assert not failed, f"{len(failed)} requests failed: {failed[:5]}"
+
         # 4. Prometheus stopped: hold, and say so; back when it returns
         before = (tl.replicas("prefill"), tl.replicas("decode"))
         prom.stop()
@@ -342,7 +362,8 @@ def test_each_pool_scales_on_its_own_signal_and_back(loop, namespace, custom_obj
         (tmp_path / "decisions.log").write_text(tl.log())
         print(f"[logs] the autoscaler's messages: {tmp_path / 'decisions.log'}")
     print(f"prefill up after {up_p:.0f}s of burst, decode up after {up_d:.0f}s of long generations, "
-          f"both back to 1 after {down:.0f}s of light load, a policy edit applied in {edit:.1f}s; requests: "
+          f"both back to 1 after {down:.0f}s of light load, decode up after {crowd:.0f}s of flash crowd, "
+          f"a policy edit applied in {edit:.1f}s; requests: "
           + ", ".join(f"{ld.ok} ok / {len(ld.failed)} failed" for ld in loads))
 
 

@@ -100,3 +100,11 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
     assert prefill[("team-a", "busy")].mean_osl is None  # prefill capacity needs no OSL: not queried
     assert busy.queue > 0 and busy.kv_usage > 0
     assert (idle.mean_isl, idle.mean_osl, idle.queue, idle.kv_usage) == (None, None, 0.0, 0.0)
+    # offered load (issue 14): the pool's waiting and running requests, summed over its pods
+    assert busy.waiting_total > 0 and idle.waiting_total == 0.0 and idle.running_total == 0.0
+    # OSL spread from the generated-tokens histogram (vLLM: vllm:request_generation_tokens,
+    # 1-2-5 buckets): every OSL here is 64..71, all in (50, 100], read at its geometric middle
+    if kind == "vllm":
+        assert busy.osl_bias == pytest.approx((50 * 100) ** 0.5, rel=0.01)
+    else:  # the simulated SGLang exports no generation-tokens histogram: no spread, no estimate
+        assert busy.osl_bias is None

@@ -168,3 +168,43 @@ def test_scale_ups_fit_the_free_gpus_most_pressed_pool_first():
     # unknown room: no cap
     free = plan_service(svc, inputs, {}, 100.0, None)
     assert (free["decode"].replicas, free["prefill"].replicas) == (4, 2)
+
+
+# ---- issue 14: offered load ------------------------------------------------------------------
+from pd_operator.autoscale.capacity import length_bias  # noqa: E402
+from pd_operator.autoscale.plan import decode_offered_from_prefill, offered_load  # noqa: E402
+
+
+def test_decode_demand_is_offered_load_not_produced_tokens():
+    # a saturated decode pool produces 10k tok/s with 200 running and 200 waiting: offered is 20k
+    obs = Observation(0.05, 10000.0, mean_isl=2000, mean_osl=1000, waiting_total=200, running_total=200)
+    assert offered_load("decode", obs) == 20000.0
+    # prefill: processed 40k tok/s plus 120 waiting and 30 running prompts of 2000 tokens over
+    # the 60 s window (a prefill engine admits up to max-num-seqs prompts: its backlog runs)
+    pre = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=30)
+    assert offered_load("prefill", pre) == 45000.0
+    assert offered_load("prefill", Observation(5.0, 40000.0, mean_isl=2000, waiting_total=0, running_total=30)) == 41000.0
+
+
+def test_decode_sized_from_what_prefill_is_offered():
+    # prefill has a backlog decode has not seen yet: 44k prompt tok/s / 2000 x 1000 = 22k gen tok/s
+    pre = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=0)
+    dec = Observation(0.03, 10000.0, mean_isl=2000, mean_osl=1000, waiting_total=0, running_total=200)
+    assert decode_offered_from_prefill(pre, dec) == 22000.0
+    s = svc(prefill={"autoscaling": AUTO}, decode={"autoscaling": AUTO})
+    inputs = {"prefill": PoolInput(PoolState(2, 2), pre, 100.0, capacity=22000),
+              "decode": PoolInput(PoolState(2, 2), dec, 100.0, capacity=2000)}
+    out = plan_service(s, inputs, {}, now=100.0)
+    assert out["decode"].recommendation == 11  # 22k / 2k; produced tokens alone would say 5
+
+
+def test_osl_spread_from_the_histogram_lowers_decode_capacity():
+    # same mean OSL 1000; a wide spread (long streams dominate the running batch) means a longer
+    # mean context, so fewer streams per replica at the ITL target
+    narrow = [(500, 0), (1000, 50), (2000, 100), (float("inf"), 100)]
+    wide = [(100, 20), (200, 35), (500, 55), (1000, 70), (2000, 82), (5000, 96), (10000, 100), (float("inf"), 100)]
+    assert length_bias(wide) > 2 * length_bias(narrow)
+    s = svc(decode={"autoscaling": AUTO})
+    a = estimate_capacity(s, "decode", 2000, 1000, length_bias(narrow))
+    b = estimate_capacity(s, "decode", 2000, 1000, length_bias(wide))
+    assert b < a

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from pd_operator.autoscale.promql import Observation, by_service, observations
+from pd_operator.autoscale.promql import Observation, by_service, observations, pool_queries
 
 
 def series(ns, svc, v):
@@ -27,6 +27,15 @@ def test_results_by_service_idle_and_missing():
 
 def test_series_without_our_labels_are_ignored():
     assert by_service([{"metric": {"job": "x"}, "value": [1, "1"]}, {"metric": {}, "value": []}]) == {}
+
+
+def test_pool_queries_ask_for_secondaries_only_when_wanted():
+    load = {"waiting_total", "running_total"}  # offered load: always asked (decide's demand)
+    assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"} | load
+    decode = pool_queries("vllm", "decode", 0.99, secondaries={"kvCacheUsage", "queueDepth"})
+    assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage", "osl_hist"} | load
+    for q in decode.values():  # one query per signal for all services
+        assert "by (namespace, pdserving_io_service" in q.promql
 
 
 def test_extra_results_fill_the_observation_and_nan_is_no_data():

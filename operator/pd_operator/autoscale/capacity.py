@@ -40,12 +40,35 @@ CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
 DEFAULT_MAX_BATCHED_TOKENS = 8192  # the engines' step token budget when the pool sets none
 DEFAULT_MAX_NUM_SEQS = 256         # vLLM --max-num-seqs / SGLang --max-running-requests default
 CALIBRATED_MEMORY_FRACTION = 0.92  # the cost model's usable memory is at vLLM's default utilization
-# The spread of output lengths, for the length bias of the decode context (module
-# docstring): Prometheus gives the mean OSL, not its spread, so a typical chat
-# spread (lognormal sigma 0.6) is assumed. Assuming none (sigma 0) would read the
-# context ~9 % short at that spread and overstate decode capacity; the benchmark
-# showed that costs goodput on a ramp (tests/benchmarks/README.md).
-ASSUMED_OSL_SIGMA = 0.6
+# Headroom of the capacity estimate: a replica is loaded to this share of what it sustains at the target.
+PREFILL_UTILIZATION = 0.8
+DECODE_UTILIZATION = 0.85
+# vLLM's request_tokens histogram family: 1-2-5 bucket edges up to max_model_len
+# (vllm/v1/metrics/buckets.py, build_1_2_5_buckets); used to estimate the spread of
+# output lengths (length_bias).
+
+
+def length_bias(buckets: list[tuple[float, float]]) -> float | None:
+    """``E[OSL^2] / E[OSL]`` from a histogram of output lengths (Prometheus' cumulative
+    ``(le, count)`` pairs, e.g. the rate of ``vllm:request_generation_tokens_bucket``): each
+    bucket's requests taken at the geometric middle of the bucket (the lower edge of the
+    first is 1, the +Inf bucket at its lower edge). The mean context of a running decode is
+    ``ISL + E[OSL^2] / (2 E[OSL])`` (module docstring): a wide spread of lengths means long
+    streams dominate what is running. None without counts."""
+    pts = sorted((le, c) for le, c in buckets if c == c)
+    prev_le, prev_c = 0.0, 0.0
+    m1 = m2 = 0.0
+    for le, c in pts:
+        n = c - prev_c
+        if n > 0:
+            if math.isinf(le):
+                x = max(prev_le, 1.0)
+            else:
+                x = math.sqrt(max(prev_le, 1.0) * le)
+            m1 += n * x
+            m2 += n * x * x
+        prev_le, prev_c = le, max(prev_c, c)
+    return m2 / m1 if m1 > 0 else None
 
 
 def prefill_tokens_per_s(cost: CostModel, mean_isl: float, max_batched_tokens: int = 8192,
@@ -56,7 +79,12 @@ def prefill_tokens_per_s(cost: CostModel, mean_isl: float, max_batched_tokens: i
     return utilization * n / (step_ms / 1e3)
 
 
-def decode_mean_context(mean_isl: float, mean_osl: float, osl_sigma: float = 0.0) -> float:
+def decode_mean_context(mean_isl: float, mean_osl: float, osl_sigma: float = 0.0,
+                        osl_bias: float | None = None) -> float:
+    """``ISL + E[OSL^2] / (2 E[OSL])``: with ``osl_bias`` (= E[OSL^2]/E[OSL], observed) when
+    given, else for a lognormal OSL of spread ``osl_sigma``."""
+    if osl_bias is not None:
+        return mean_isl + osl_bias / 2
     return mean_isl + mean_osl / 2 * math.exp(osl_sigma ** 2)
 
 
@@ -84,6 +112,7 @@ class Capacity:
 
     per_replica: float  # tokens/s: prompt tokens for prefill, generated tokens for decode
     source: str         # "capacityPerReplica" (the spec), "cost model", ...
+    utilization: float = 1.0  # the headroom per_replica carries (cost model: 0.8 prefill, 0.85 decode)
 
     def describe(self) -> str:
         return f"capacity {_si(self.per_replica)} tok/s/replica ({self.source})"
@@ -122,45 +151,57 @@ def _memory_fraction(pool: PoolSpec) -> float:
 
 
 def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: float | None,
-                         mean_osl: float | None) -> float | None:
+                         mean_osl: float | None, osl_bias: float | None = None) -> float | None:
     cost = replica_cost_model(spec, role)
     if cost is None or mean_isl is None or mean_isl <= 0:
         return None
     pool = spec.pool(role)
     if role == "prefill":
-        per_rank = prefill_tokens_per_s(cost, mean_isl, pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS)
+        per_rank = prefill_tokens_per_s(cost, mean_isl, pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS,
+                                        utilization=PREFILL_UTILIZATION)
     else:
         if mean_osl is None or mean_osl <= 0:
             return None
-        ctx = decode_mean_context(mean_isl, mean_osl, ASSUMED_OSL_SIGMA)
+        ctx = _context(mean_isl, mean_osl, osl_bias)
         # the batch is capped by the engine's limit and by the KV cache at the mean context
         seqs = min(pool.max_running_requests or DEFAULT_MAX_NUM_SEQS,
                    int(cost.kv_capacity_tokens(_memory_fraction(pool)) // ctx))
         if seqs < 1:
             return None
-        per_rank = decode_tokens_per_s(cost, ctx, duration_seconds(pool.autoscaling.target.value), seqs)
+        per_rank = decode_tokens_per_s(cost, ctx, duration_seconds(pool.autoscaling.target.value), seqs,
+                                       utilization=DECODE_UTILIZATION)
     return per_rank * pool.data_parallel_size  # data-parallel ranks of a replica serve side by side
 
 
+def _context(mean_isl: float, mean_osl: float, osl_bias: float | None) -> float:
+    """The mean context of a running decode: from the observed spread of output lengths
+    (``osl_bias``, :func:`length_bias`) when Prometheus has it; else the spread of an
+    exponential distribution (E[OSL^2]/E[OSL] = 2 mean), wider than typical chat traffic,
+    so an unknown spread errs towards more decode capacity, not less."""
+    return decode_mean_context(mean_isl, mean_osl, osl_bias=osl_bias if osl_bias else 2 * mean_osl)
+
+
 def pool_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
-                  mean_osl: float | None) -> Capacity | None:
+                  mean_osl: float | None, osl_bias: float | None = None) -> Capacity | None:
     """One replica's capacity at the pool's target: ``capacityPerReplica`` when set,
     else the cost model's estimate at the mean ISL/OSL, else None (feedback only)."""
     override = svc.spec.pool(role).autoscaling.capacity_per_replica
     if override is not None:
         return Capacity(override, "capacityPerReplica")
-    estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl)
-    return Capacity(estimate, "cost model") if estimate else None
+    estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl, osl_bias)
+    return (Capacity(estimate, "cost model", PREFILL_UTILIZATION if role == "prefill" else DECODE_UTILIZATION)
+            if estimate else None)
 
 
 def estimate_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
-                      mean_osl: float | None) -> float | None:
+                      mean_osl: float | None, osl_bias: float | None = None) -> float | None:
     """One replica's capacity in tokens/s (see :func:`pool_capacity`), or None."""
-    capacity = pool_capacity(svc, role, mean_isl, mean_osl)
+    capacity = pool_capacity(svc, role, mean_isl, mean_osl, osl_bias)
     return capacity.per_replica if capacity else None
 
 
-def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, mean_osl: float | None) -> float | None:
+def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, mean_osl: float | None,
+                  osl_bias: float | None = None) -> float | None:
     """The pool's latency with no load at all, seconds: the prefill of a mean
     prompt alone (TTFT) or a decode step of one sequence at the mean context
     (ITL), from the cost model; None where the cost model does not apply or
@@ -173,4 +214,4 @@ def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, me
         return cost.prefill_ms(int(mean_isl)) / 1e3
     if not mean_osl or mean_osl <= 0:
         return None
-    return cost.decode_uniform_ms(1, int(decode_mean_context(mean_isl, mean_osl, ASSUMED_OSL_SIGMA))) / 1e3
+    return cost.decode_uniform_ms(1, int(_context(mean_isl, mean_osl, osl_bias))) / 1e3

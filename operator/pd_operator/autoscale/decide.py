@@ -12,7 +12,13 @@ The control law (docs: autoscale/README.md):
 2. Feedback on the observed quantile, as HPA does on its metric:
    ``ratio = observed / target``; inside the tolerance band -> keep;
    otherwise ``ceil(ready * ratio)``.
+   2b. Futility guard: when a smaller pool carrying more load per replica saw
+   (nearly) the same latency, the replicas added did not lower it; the
+   feedback is left out until the latency is back in the band.
 3. A model-based floor when demand is known: ``ceil(demand / capacity)``,
+   where ``demand`` is the offered load (plan.py: queue included);
+   3b. ``capacity`` corrected online from what a saturated, settled pool
+   produced per replica; 3c. the feedback bounded by twice the floor.
    where ``capacity`` is what one replica serves at the target (the pool's
    ``capacityPerReplica``, or the calibrated cost model: capacity.py). Scale-up takes the larger of feedback and model;
    scale-down never goes below the model's need.
@@ -72,6 +78,18 @@ class Signal:
     secondaries: Mapping[str, float] = field(default_factory=dict)
     # the pool's latency with no load (seconds; capacity.latency_floor), None: unknown (taken as 0)
     floor: float | None = None
+    # what the pool produced (same unit as ``demand``; demand = produced + the queue's offered load),
+    # for the online capacity correction; None: unknown (no correction)
+    produced: float | None = None
+    # the headroom ``capacity`` carries (capacity = utilization x what one replica sustains at the
+    # target): a saturated replica is compared with capacity / utilization
+    utilization: float = 1.0
+    # requests waiting in the pool's queues (sum over its pods); None: unknown
+    waiting: float | None = None
+    # the latency alone shows saturation (decode: one step is shared by the whole batch, so an
+    # ITL above target is load); False: saturation also needs a queue (prefill: a few long
+    # prompts raise the TTFT quantile of a pool that is not full)
+    latency_saturates: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,16 +109,34 @@ class Change:
     after: int
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The pool's latency quantile at a size (for the futility guard)."""
+
+    at: float
+    ready: int
+    observed: float
+    load: float | None = None  # demand per Ready replica
+
+
 @dataclass
 class History:
     """What the decision remembers between calls (kept by the caller)."""
 
     recommendations: list[Event] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    # online correction of the per-replica capacity (rule 3b): observed / modelled, <= 1
+    capacity_factor: float = 1.0
+    # latency above target at each size (futility guard, rule 2b); futile: the latency level at
+    # which adding replicas was found not to lower it (None: feedback trusted)
+    samples: list[Sample] = field(default_factory=list)
+    futile: float | None = None
+    saturated_since: float | None = None  # since when the pool has been saturated without a break
 
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
         self.changes = [c for c in self.changes if now - c.at <= keep_seconds]
+        self.samples = [x for x in self.samples if now - x.at <= FUTILITY_MEMORY_S]
 
 
 @dataclass(frozen=True)
@@ -175,6 +211,93 @@ def apply_behavior(rec: int, current: int, history: History, now: float,
     return desired, note
 
 
+# Futility guard (rule 2b): a latency above target that did not fall by at least
+# FUTILITY_GAIN after the pool grew (the new pods Ready) is not one replicas fix
+# (e.g. prompts whose prefill alone exceeds the TTFT target); samples kept this long.
+FUTILITY_GAIN = 0.10
+FUTILITY_MEMORY_S = 900.0
+# The latency feedback is bounded by this multiple of the demand floor (rule 3c): a backlog's
+# latency (a queue of minutes) is not proportional to the replicas that clear it.
+FEEDBACK_CAP = 2.0
+# Online capacity correction (rule 3b): weight of a new saturated sample.
+CORRECTION_WEIGHT = 0.5
+SETTLE_S = 90.0  # the 1-minute rate window plus a scrape after the last resize
+SATURATED_S = 60.0  # saturated this long: the 1-minute rate window holds only saturated time
+
+
+def _futile(state: PoolState, observed: float, target: float, tolerance: float, history: History,
+            now: float, demand: float | None = None) -> str | None:
+    """Whether the latency feedback has been shown not to help (rule 2b), and why.
+    Records the sample. Futility ends when the latency falls into the band (or below)."""
+    above = observed > target * (1 + tolerance)
+    if not above:
+        history.futile = None
+        history.samples.clear()
+        return None
+    why = None
+    load = demand / state.ready if demand is not None and state.ready else None
+    if history.futile is None and state.starting == 0 and load is not None:
+        # a smaller pool that carried FUTILITY_GAIN more load per replica (a ramp that outgrew the
+        # new replicas is not evidence: the load per replica must have fallen)
+        smaller = [x for x in history.samples if x.ready < state.ready and x.load is not None
+                   and x.load >= load * (1 + FUTILITY_GAIN)]
+        if smaller:
+            before = min(smaller, key=lambda x: x.ready)
+            if observed >= before.observed * (1 - FUTILITY_GAIN):
+                history.futile = observed
+                why = (f"adding replicas ({before.ready} -> {state.ready} ready) did not lower it "
+                       f"({before.observed * 1000:.0f}ms -> {observed * 1000:.0f}ms)")
+    elif history.futile is not None:
+        why = f"adding replicas did not lower it below {history.futile * 1000:.0f}ms"
+    if state.starting == 0:
+        history.samples.append(Sample(now, state.ready, observed, load))
+    return why
+
+
+def _corrected_capacity(signal: Signal, state: PoolState, target: float, tolerance: float,
+                        history: History, now: float) -> tuple[float | None, str]:
+    """The per-replica capacity corrected online (rule 3b). Decode (``latency_saturates``) is
+    saturated when requests queue (at least one waiting per Ready replica: every slot is
+    taken) or its ITL is above the target (not only above the band: a decode pool at 52 ms
+    is inside a 10 % band and misses a 50 ms SLO on every request; one step is shared by
+    the whole batch, so an ITL above target is load). Prefill needs both a queue and a TTFT
+    above target: a TTFT above target alone can be a few prompts too long for it, and a
+    short queue during a ramp reads low (prompt tokens are counted when a prompt finishes,
+    so work in progress that grows is not counted yet). Saturated for
+    SATURATED_S (the rate window then holds no unsaturated time: a burst's first seconds
+    would read as a slow engine), each Ready replica sustains at most what it produced,
+    ``produced / ready``; a model (or setting) above that is scaled down by the ratio
+    (smoothed, never above 1: a faster engine only ever leaves headroom). Not saturated, a
+    replica sustains at least what it produced: the factor never stays below that. Sampled
+    only on a settled pool (all pods Ready, no resize for SETTLE_S: the rate window then
+    covers the pool as it is)."""
+    cap = signal.capacity
+    if not cap:
+        return cap, ""
+    queued = signal.waiting is not None and signal.waiting >= state.ready  # >= 1 waiting per replica
+    above = signal.observed is not None and signal.observed > target
+    saturated = (queued or above) if signal.latency_saturates else (queued and above)
+    if not saturated:
+        history.saturated_since = None
+    elif history.saturated_since is None:
+        history.saturated_since = now
+    settled = (state.starting == 0 and state.ready == state.replicas and state.ready > 0
+               and not any(now - c.at < SETTLE_S for c in history.changes))
+    if settled and signal.produced is not None:
+        sample = min(1.0, signal.produced / state.ready / (cap / max(signal.utilization, 1e-9)))
+        if saturated and now - history.saturated_since >= SATURATED_S:
+            # saturated for a whole rate window: a replica sustains what it produced, no more
+            history.capacity_factor = ((1 - CORRECTION_WEIGHT) * history.capacity_factor
+                                       + CORRECTION_WEIGHT * sample)
+        elif not saturated:
+            # not saturated: it sustains at least what it produced
+            history.capacity_factor = max(history.capacity_factor, sample)
+    f = history.capacity_factor
+    if f < 0.999:
+        return cap * f, f" x {f:.2f} observed at saturation"
+    return cap, ""
+
+
 def _feedback(observed: float, target: float, current: int, ready: int, tolerance: float,
               floor: float = 0.0) -> tuple[int, str]:
     """HPA's rule on one metric: the current size inside the tolerance band,
@@ -197,19 +320,35 @@ def _feedback(observed: float, target: float, current: int, ready: int, toleranc
     return math.ceil(max(ready, 1) * scale), "above" if ratio > 1 else "below"
 
 
-def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal) -> tuple[int, str]:
+def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: History,
+               now: float) -> tuple[int, str]:
     """The pool's recommendation and its reason: the largest of the latency
-    feedback, the demand floor and the secondary signals with data."""
+    feedback (unless shown futile), the demand floor (offered load over the
+    corrected capacity) and the secondary signals with data."""
     target = duration_seconds(policy.target.value)
     rec, stands = _feedback(signal.observed, target, state.replicas, state.ready, policy.tolerance, signal.floor or 0.0)
-    candidates = [(rec, policy.target.metric)]
     clauses = [f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms "
                f"{stands} target {target * 1000:.0f}ms"]
-    if signal.demand is not None and signal.capacity:
+    futile = _futile(state, signal.observed, target, policy.tolerance, history, now, signal.demand)
+    capacity, corrected = _corrected_capacity(signal, state, target, policy.tolerance, history, now)
+    model = None
+    if signal.demand is not None and capacity:
         # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
-        model = math.ceil(signal.demand / signal.capacity) if signal.demand > 0 else policy.min_replicas
+        model = math.ceil(signal.demand / capacity) if signal.demand > 0 else policy.min_replicas
+    candidates = []
+    if futile and model is not None:
+        # 2b: the latency is not one replicas lower; the demand floor sizes the pool
+        clauses[0] += f" but {futile}: latency feedback left out"
+    else:
+        bound = math.ceil(FEEDBACK_CAP * model) if model is not None else None
+        if bound is not None and rec > max(bound, state.replicas):
+            clauses[0] += f" (feedback {rec} bounded by {FEEDBACK_CAP:g}x the demand's need)"
+            rec = max(bound, state.replicas)
+        candidates.append((rec, policy.target.metric))
+    if model is not None:
         candidates.append((model, "demand"))
-        clauses.append(f"demand needs {model}" + (f" at {signal.capacity_note}" if signal.capacity_note else ""))
+        clauses.append(f"demand needs {model}" + (f" at {signal.capacity_note}" if signal.capacity_note else "")
+                       + corrected)
     for t in policy.secondary_targets:
         observed = signal.secondaries.get(t.metric)
         if observed is None:
@@ -239,7 +378,7 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
         return Decision(max(lo, min(current, hi)), f"latency data is {age:.0f}s old (> {stale_after:.0f}s): holding", False, current)
 
     # 2./3. recommendation: the largest of the signals'
-    rec, why = _recommend(policy, state, signal)
+    rec, why = _recommend(policy, state, signal, history, now)
     rec = max(lo, min(rec, hi))
 
     # 5. HPA behaviour: stabilization windows, rate limits

@@ -29,14 +29,52 @@ class PoolInput:
     capacity: float | None = None
 
 
+# The prefill queue is offered load to be served within one rate window (seconds).
+QUEUE_DRAIN_S = 60.0
+
+
 def _capacity(svc: PDInferenceService, role: str, inp: PoolInput) -> Capacity | None:
     if inp.capacity is not None:
         return Capacity(inp.capacity, "given")
     obs = inp.observation
-    return pool_capacity(svc, role, obs.mean_isl if obs else None, obs.mean_osl if obs else None)
+    return pool_capacity(svc, role, obs.mean_isl if obs else None, obs.mean_osl if obs else None,
+                         obs.osl_bias if obs else None)
 
 
-def _signal(svc: PDInferenceService, role: str, inp: PoolInput) -> Signal:
+def offered_load(role: str, obs: Observation | None) -> float | None:
+    """The pool's demand as offered load, not only what it produced (a saturated pool
+    produces its capacity, whatever is offered): decode, generated tokens/s x (running +
+    waiting) / running (each waiting stream would generate as a running one does);
+    prefill, prompt tokens/s + the waiting and running prompts (x mean ISL) over
+    ``QUEUE_DRAIN_S`` (a prefill engine admits up to max-num-seqs prompts and shares its
+    chunked steps among them: its backlog shows as running; found by the closed-loop test).
+    Without the queue gauges: what the pool produced."""
+    if obs is None or obs.demand is None:
+        return None
+    produced, waiting = obs.demand, obs.waiting_total or 0.0
+    if role == "decode":
+        if waiting <= 0:
+            return produced
+        running = obs.running_total or 0.0
+        return produced * (running + waiting) / running if running > 0 and produced > 0 else produced
+    # prefill: a running prompt is not prefilled yet either (an engine admits up to max-num-seqs
+    # prompts and shares its chunked steps among them: a backlog shows as running, not waiting)
+    backlog = waiting + (obs.running_total or 0.0)
+    return produced + backlog * (obs.mean_isl or 0.0) / QUEUE_DRAIN_S
+
+
+def decode_offered_from_prefill(prefill: Observation | None, decode: Observation | None) -> float | None:
+    """Generated tokens/s the requests offered to prefill will ask of decode: prefill's offered
+    prompt tokens/s / mean ISL (requests/s, its queue included) x mean OSL. A backlog in front of
+    prefill is decode's load a prefill step later; without this, decode sees it only once prefill
+    has caught up (found by the flash-crowd trace)."""
+    offered = offered_load("prefill", prefill)
+    if offered is None or decode is None or not decode.mean_isl or not decode.mean_osl:
+        return None
+    return offered / decode.mean_isl * decode.mean_osl
+
+
+def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float | None = None) -> Signal:
     obs = inp.observation
     capacity = _capacity(svc, role, inp)
     # secondary signals by metric, those with data only
@@ -45,12 +83,20 @@ def _signal(svc: PDInferenceService, role: str, inp: PoolInput) -> Signal:
     return Signal(
         observed=obs.observed if obs else None,
         observed_at=inp.observed_at if obs and obs.observed is not None else None,
-        demand=obs.demand if obs else None,
+        demand=_max(offered_load(role, obs), upstream),
         capacity=capacity.per_replica if capacity else None,
         capacity_note=capacity.describe() if capacity else None,
         secondaries=secondaries,
-        floor=latency_floor(svc, role, obs.mean_isl, obs.mean_osl) if obs else None,
+        floor=latency_floor(svc, role, obs.mean_isl, obs.mean_osl, obs.osl_bias) if obs else None,
+        produced=obs.demand if obs else None,
+        utilization=capacity.utilization if capacity else 1.0,
+        waiting=obs.waiting_total if obs else None,
+        latency_saturates=role == "decode",
     )
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 class Room(Protocol):
@@ -78,7 +124,10 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
         if not pool.autoscaling.enabled or role not in inputs:
             continue
         inp = inputs[role]
-        signal = _signal(svc, role, inp)
+        upstream = None
+        if role == "decode" and "prefill" in inputs:
+            upstream = decode_offered_from_prefill(inputs["prefill"].observation, inp.observation)
+        signal = _signal(svc, role, inp, upstream)
         d = decide(pool.autoscaling, inp.state, signal, histories.setdefault(role, History()), now, interval)
         decisions[role] = d
         target = duration_seconds(pool.autoscaling.target.value)

@@ -42,6 +42,8 @@ METRICS: dict[str, dict[str, str]] = {
         "prompt_tokens": "vllm:prompt_tokens_total",
         "generation_tokens": "vllm:generation_tokens_total",
         "e2e": "vllm:e2e_request_latency_seconds",
+        # histogram of generated tokens per finished request (vllm/v1/metrics/loggers.py)
+        "generation_hist": "vllm:request_generation_tokens",
     },
     "sglang": {
         "ttft": "sglang:time_to_first_token_seconds",
@@ -52,6 +54,8 @@ METRICS: dict[str, dict[str, str]] = {
         "prompt_tokens": "sglang:prompt_tokens_total",
         "generation_tokens": "sglang:generation_tokens_total",
         "e2e": "sglang:e2e_request_latency_seconds",
+        # sglang/srt/observability/metrics_collector.py
+        "generation_hist": "sglang:generation_tokens_histogram",
     },
 }
 
@@ -68,6 +72,10 @@ LENGTHS = {"mean_isl": ("prefill", "prompt_tokens", "ttft"), "mean_osl": ("decod
 # What each pool's capacity estimate needs (autoscale/capacity.py): prefill
 # capacity depends on the prompt length, decode capacity on the mean context.
 CAPACITY_INPUTS = {"prefill": ("mean_isl",), "decode": ("mean_isl", "mean_osl")}
+
+# Offered load (the queue, not only what the pool produced): the pool's waiting and
+# running requests, summed over its pods and averaged over the window (Observation fields).
+LOAD = {"waiting_total": "waiting", "running_total": "running"}
 
 BY = f"{NS}, {SERVICE}"
 
@@ -120,6 +128,36 @@ def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> 
     return Query((engine, role, metric, 0.0), f"avg by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
 
 
+def load_query(engine: str, role: str, name: str, window: str = "1m") -> Query:
+    """The pool's waiting (``waiting_total``) or running (``running_total``) requests: the
+    engine gauge summed over the pool's pods, averaged over the window."""
+    gauge = METRICS[engine][LOAD[name]]
+    return Query((engine, role, name, 0.0), f"sum by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
+
+
+def length_hist_query(engine: str, window: str = "1m") -> Query:
+    """The rate of the decode pods' histogram of generated tokens per request, by bucket
+    (``le``): the spread of output lengths (capacity.length_bias)."""
+    m = METRICS[engine]["generation_hist"]
+    return Query((engine, "decode", "osl_hist", 0.0),
+                 f"sum by ({BY}, le) (rate({m}_bucket{_sel('decode')}[{window}]))")
+
+
+def by_service_buckets(result: list[dict]) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """(namespace, service) -> [(le, value)], from a ``sum by (..., le)`` query result."""
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for series in result or []:
+        labels = series.get("metric", {})
+        try:
+            le = float(labels["le"])
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        if SERVICE in labels and NS in labels:
+            out.setdefault((labels[NS], labels[SERVICE]), []).append((le, value))
+    return out
+
+
 def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
                  secondaries: Iterable[str] = ()) -> dict[str, Query]:
     """Every query of one (engine, role), by what it feeds: ``quantile``, ``rate``,
@@ -128,6 +166,9 @@ def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
     quant, rate = latency_queries(engine, role, quantile, window)
     out = {"quantile": quant, "rate": rate, "demand": demand_query(engine, role, window)}
     out.update({name: mean_length_query(engine, name, window) for name in CAPACITY_INPUTS[role]})
+    out.update({name: load_query(engine, role, name, window) for name in LOAD})
+    if role == "decode":
+        out["osl_hist"] = length_hist_query(engine, window)
     out.update({SECONDARY[m][1]: secondary_query(engine, role, m, window) for m in sorted(set(secondaries))})
     return out
 
@@ -156,6 +197,9 @@ class Observation:
     mean_osl: float | None = None  # mean generated tokens per request (decode pods)
     queue: float | None = None     # waiting requests per replica
     kv_usage: float | None = None  # KV-cache usage fraction 0..1 per replica
+    waiting_total: float | None = None  # waiting requests, all pods of the pool
+    running_total: float | None = None  # running requests, all pods of the pool
+    osl_bias: float | None = None       # E[OSL^2] / E[OSL] from the generated-tokens histogram
 
 
 def _finite(value: float | None) -> float | None:

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from .promql import Observation, by_service, observations, pool_queries
+from .capacity import length_bias
+from .promql import Observation, by_service, by_service_buckets, observations, pool_queries
 
 
 # A Prometheus that accepts a connection and never answers must not hold the
@@ -43,6 +44,10 @@ class PrometheusSignals:
         capacity estimate), plus one per secondary signal in ``secondaries``
         (``queueDepth``, ``kvCacheUsage``: pass the union of what the services
         of this engine and role ask for, none when none does)."""
-        results = {name: by_service(self._query(q.promql))
-                   for name, q in pool_queries(engine, role, quantile, window, secondaries).items()}
+        queries = pool_queries(engine, role, quantile, window, secondaries)
+        hist = queries.pop("osl_hist", None)
+        results = {name: by_service(self._query(q.promql)) for name, q in queries.items()}
+        if hist is not None:
+            results["osl_bias"] = {key: bias for key, buckets in by_service_buckets(self._query(hist.promql)).items()
+                                   if (bias := length_bias(buckets)) is not None}
         return observations(results.pop("quantile"), results.pop("rate"), results.pop("demand"), results)

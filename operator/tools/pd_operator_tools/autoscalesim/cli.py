@@ -33,10 +33,23 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--oracle-json", help="reuse the oracle (schedule and row) of an earlier run's JSON")
     p.add_argument("--tag", default="autoscale-bench", help="output file name stem")
     p.add_argument("--oracle-u", help="U_PREFILL,U_DECODE: skip the oracle's search, use these utilizations")
+    p.add_argument("--suite", action="store_true",
+                   help="run the benchmark suite (every trace of autoscalesim/suite.py, judged against issue 14's "
+                        "targets); writes one table and plot per trace and summary.md to --out "
+                        "(default tests/benchmarks/results/suite)")
+    p.add_argument("--suite-traces", help="with --suite: comma-separated subset of the suite's traces")
+    p.add_argument("--suite-hours-scale", type=float, default=1.0,
+                   help="with --suite: simulate this share of each trace's window (a quick check)")
     p.set_defaults(func=main_bench)
 
 
 def main_bench(args) -> int:
+    if args.suite:
+        from .suite import run_suite
+        run_suite(args.out or "tests/benchmarks/results/suite",
+                  args.suite_traces.split(",") if args.suite_traces else None, jobs=args.jobs,
+                  hours_scale=args.suite_hours_scale, log=lambda s: print(s, flush=True))
+        return 0
     tr = TRACES[args.trace]
     kw = {"speed": args.speed, "rate_scale": args.rate_scale}
     if args.hours is not None:

@@ -37,6 +37,7 @@ parallelism per pool) and engine limits (``max_num_seqs``,
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import collections
 import heapq
 import itertools
@@ -50,6 +51,8 @@ from ..enginesim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 
 TTFT_SLO = 1.0
 ITL_SLO = 0.05
+# vllm:request_generation_tokens buckets: 1-2-5 up to max_model_len (vllm/v1/metrics/buckets.py)
+OSL_BUCKETS = [m * 10 ** k for k in range(6) for m in (1, 2, 5) if m * 10 ** k <= 131072]
 
 
 class FineHist:
@@ -388,6 +391,7 @@ class BenchFleet:
         self.arrived_prompt = 0
         self.arrived_output = 0
         self.decoded = 0  # requests finished on decode (the count of its e2e_request_latency_seconds)
+        self.osl_hist = PromHist(OSL_BUCKETS)  # generated tokens per finished request
         self._seq = itertools.count()
         # dead pools' counters stay in the pool totals (Prometheus sum(rate()) over pods, ignoring resets)
         self.dead_ttft = PromHist(TTFT_BUCKETS)
@@ -493,6 +497,7 @@ class BenchFleet:
 
     def finished(self, r: DReq, mean_itl: float | None) -> None:
         self.decoded += 1
+        self.osl_hist.observe(r.max_tokens)
         self.stats.record(r.arrival, r.first_token - r.arrival, mean_itl, self.keep_samples)
 
     # ---- Prometheus view -------------------------------------------------------------
@@ -528,8 +533,19 @@ class BenchFleet:
             "kv_usage": {"prefill": [e.kv_usage for e in ready_p], "decode": [e.kv_usage for e in ready_d]},
             "gen_tokens": self.gen_tokens,
             "arrived": self.arrived, "arrived_prompt": self.arrived_prompt, "arrived_output": self.arrived_output,
-            "decoded": self.decoded,
+            "decoded": self.decoded, "osl_hist": tuple(self.osl_hist.c),
         }
+
+
+def slowed(cost: CostModel, factor: float) -> CostModel:
+    """``cost`` with every step-time term multiplied by ``factor`` (1.2: engines 20 % slower
+    than the cost model, 0.8: 20 % faster); memory and transfers unchanged. The benchmark's
+    stress traces give this to the simulated fleet only: the policies keep the cost model."""
+    if factor == 1.0:
+        return cost
+    e = cost.eff
+    eff = dataclasses.replace(e, **{f.name: getattr(e, f.name) * factor for f in dataclasses.fields(e)})
+    return dataclasses.replace(cost, eff=eff)
 
 
 def _merge(a: PromHist, b: PromHist) -> PromHist:
@@ -589,6 +605,26 @@ class Scraper:
             return None
         d = s1[den] - s0[den]
         return (s1[num] - s0[num]) / d if d > 0 else None
+
+    def buckets(self, key: str, bounds, window: float = 60.0) -> list[tuple[float, float]] | None:
+        """``sum by (le) (rate(key_bucket[window]))`` as cumulative (le, rate) pairs."""
+        s1, s0 = self.last, self.ago(window)
+        if s1 is None or s0 is None or s0 is s1:
+            return None
+        dt = s1["t"] - s0["t"]
+        out, acc = [], 0.0
+        for le, a, b in zip(list(bounds) + [float("inf")], s1[key], s0[key]):
+            acc += (a - b) / dt
+            out.append((float(le), acc))
+        return out
+
+    def gauge_sum_avg_over_time(self, key: str, role: str, window: float = 60.0) -> float | None:
+        """``sum(avg_over_time(gauge{role}[window]))`` (pods summed, averaged over the window's scrapes)."""
+        if not self.scrapes:
+            return None
+        t1 = self.scrapes[-1]["t"]
+        per = [sum(s[key][role]) for s in self.scrapes if s["t"] > t1 - window + 1e-6]
+        return sum(per) / len(per) if per else None
 
     def gauge_sum(self, key: str, role: str) -> float | None:
         """``sum(gauge{role})`` at the last scrape (None without a scrape)."""

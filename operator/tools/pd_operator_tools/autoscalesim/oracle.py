@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from pd_operator.autoscale.capacity import decode_mean_context, decode_streams, prefill_tokens_per_s
+from pd_operator.autoscale.capacity import decode_streams, prefill_tokens_per_s
 from pd_operator.perfmodel.costmodel import CostModel
 
 from .policies import Scheduled
@@ -15,14 +15,22 @@ from .runner import Result, run_policy
 from .trace import Trace
 
 
-def future_load(trace: Trace, itl_est: float = 0.035) -> tuple[list[float], list[float]]:
-    """Per minute: prompt tokens/s arriving, and the peak decode streams (known in advance)."""
+def future_load(trace: Trace, itl_est: float = 0.035) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per minute, known in advance: prompt tokens/s arriving, the peak decode streams, the
+    minute's mean ISL and the mean context of its running decodes (ISL + E[OSL^2]/(2 E[OSL]))."""
     mins = int(math.ceil(trace.duration / 60)) + 1
     tok = [0.0] * mins
+    n = [0] * mins
+    osl1 = [0.0] * mins
+    osl2 = [0.0] * mins
     secs = int(trace.duration) + 4200
     diff = [0] * (secs + 1)
     for t, isl, osl in trace.arrivals():
-        tok[int(t // 60)] += isl / 60
+        m = int(t // 60)
+        tok[m] += isl / 60
+        n[m] += 1
+        osl1[m] += osl
+        osl2[m] += osl * osl
         s, e = int(t), int(t + osl * itl_est) + 1
         diff[s] += 1
         diff[min(e, secs)] -= 1
@@ -33,15 +41,35 @@ def future_load(trace: Trace, itl_est: float = 0.035) -> tuple[list[float], list
         m = s // 60
         if m < mins and cur > streams[m]:
             streams[m] = cur
-    return tok, streams
+    isl_mean = [tok[m] * 60 / n[m] if n[m] else 0.0 for m in range(mins)]
+    ctx = [isl_mean[m] + osl2[m] / (2 * osl1[m]) if osl1[m] else 0.0 for m in range(mins)]
+    return tok, streams, isl_mean, ctx
 
 
 def oracle_need(trace: Trace, cost: CostModel, u_p: float, u_d: float, load=None) -> dict:
-    tok, streams = load or future_load(trace)
-    cp = prefill_tokens_per_s(cost, trace.isl.mean, utilization=u_p)
-    cd = decode_streams(cost, decode_mean_context(trace.isl.mean, trace.osl.mean, trace.osl.spread), utilization=u_d)
-    p = [max(1, math.ceil(x / cp)) for x in tok]
-    d = [max(1, math.ceil(x / cd)) for x in streams]
+    """Replicas per minute: the minute's load over one replica's capacity at the minute's own
+    lengths (workload-aware: a mix shift changes the capacity), at utilizations ``u_p``/``u_d``."""
+    tok, streams, isl_mean, ctx = load or future_load(trace)
+    fallback_isl = next((x for x in isl_mean if x), 2000.0)
+    fallback_ctx = next((x for x in ctx if x), 2500.0)
+    cp_cache: dict = {}
+    cd_cache: dict = {}
+
+    def cp(isl):
+        k = int(round((isl or fallback_isl) / 50)) * 50 or 50
+        if k not in cp_cache:
+            cp_cache[k] = prefill_tokens_per_s(cost, k, utilization=u_p)
+        return cp_cache[k]
+
+    def cd(c):
+        k = int(round((c or fallback_ctx) / 100)) * 100 or 100
+        if k not in cd_cache:
+            seqs = max(1, min(256, int(cost.kv_capacity_tokens() // k)))
+            cd_cache[k] = decode_streams(cost, k, max_num_seqs=seqs, utilization=u_d)
+        return cd_cache[k]
+
+    p = [max(1, math.ceil(x / cp(i))) for x, i in zip(tok, isl_mean)]
+    d = [max(1, math.ceil(x / cd(c))) for x, c in zip(streams, ctx)]
     # a minute's size must also cover the next minute's first seconds
     p = [max(p[i], p[i + 1] if i + 1 < len(p) else 0) for i in range(len(p))]
     d = [max(d[i], d[i + 1] if i + 1 < len(d) else 0) for i in range(len(d))]

@@ -17,7 +17,9 @@ from pd_operator.perfmodel.costmodel import LINKS, CostModel
 
 from ..enginesim.clock import VirtualClock
 from ..enginesim.engine import Engine, SimRequest
-from .fleet import ITL_SLO, BenchFleet, Scraper
+from pd_operator.autoscale.capacity import length_bias
+
+from .fleet import ITL_SLO, OSL_BUCKETS, BenchFleet, Scraper
 from .reference import BUDGET, INTERVAL, MAX_PER_POOL, START_DELAY, reference_service
 
 
@@ -39,9 +41,16 @@ def observe(prom: Scraper, role: str, quantile: float, decode_demand: str = "tok
         demand = prom.gauge_sum("running", "decode")
         if decode_demand == "running+waiting":
             demand += prom.gauge_sum("waiting", "decode")
+    bias = None
+    if role == "decode":
+        hist = prom.buckets("osl_hist", OSL_BUCKETS)
+        bias = length_bias(hist) if hist else None
     return Observation(observed, demand,
                        mean_isl=prom.ratio("prompt_tokens", "ttft_count"),
                        mean_osl=prom.ratio("gen_tokens", "decoded"),
+                       waiting_total=prom.gauge_sum_avg_over_time("waiting", role),
+                       running_total=prom.gauge_sum_avg_over_time("running", role),
+                       osl_bias=bias,
                        queue=prom.gauge_avg_over_time("waiting", role) if "queueDepth" in secondaries else None,
                        kv_usage=prom.gauge_avg_over_time("kv_usage", role) if "kvCacheUsage" in secondaries else None)
 
@@ -192,13 +201,23 @@ class HPA(Policy):
         return out
 
 
-def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: int = 256):
+DYNAMO_HEADROOM = {"prefill": 0.8, "decode": 0.85}  # the same headroom pd-operator's capacity carries
+
+
+def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: int = 256,
+                   headroom: dict | None = None):
     """Profile the simulated engine as Dynamo's profiler does a real one.
 
     prefill: one request of ISL tokens on an idle prefill instance -> TTFT;
     throughput/GPU = ISL / TTFT.  decode: B requests of context ctx on a decode
-    instance -> ITL; the largest B (<= max_num_seqs) with ITL <= target gives
-    throughput/GPU = B / ITL.  Both measured on :class:`~pd_operator_tools.enginesim.engine.Engine`."""
+    instance -> ITL; the largest B (<= max_num_seqs, and <= what the KV cache holds at
+    that context) with ITL <= target gives throughput/GPU = B / ITL.  Both measured on
+    :class:`~pd_operator_tools.enginesim.engine.Engine` with ``cost`` (the fleet's true
+    engines: Dynamo profiles the hardware it runs on), then multiplied by ``headroom``
+    (default: pd-operator's 0.8 / 0.85, so both policies load a replica alike)."""
+    head = headroom or DYNAMO_HEADROOM
+    kv = cost.kv_capacity_tokens()
+
     def ttft(isl: int) -> float:
         clk = VirtualClock()
         e = Engine(clk, cost, "prefill")
@@ -214,11 +233,11 @@ def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: i
         return sum(sum(r.itls) / len(r.itls) for r in rs) / b
 
     isls = [256, 512, 1024, 2048, 4096, 8192]
-    pre = [(i, i / ttft(i)) for i in isls]
+    pre = [(i, head["prefill"] * i / ttft(i)) for i in isls]
     ctxs = [500, 1000, 2000, 3000, 4000, 6000, 8000]
     dec = []
     for c in ctxs:
-        lo, hi = 1, max_num_seqs
+        lo, hi = 1, max(1, min(max_num_seqs, kv // (c + 3)))
         if itl(hi, c) <= itl_target:
             lo = hi
         else:
@@ -228,8 +247,34 @@ def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: i
                     lo = mid
                 else:
                     hi = mid
-        dec.append((c, lo / itl(lo, c)))
+        dec.append((c, head["decode"] * lo / itl(lo, c)))
     return pre, dec, {i: ttft(i) for i in isls}
+
+
+class Arima110:
+    """ARIMA(1,1,0) one-step forecast: x' = x_t + phi (x_t - x_{t-1}), phi fitted by least
+    squares on the last ``keep`` differences (clipped to [-1, 1]); the last value until
+    three observations exist. Dynamo's planner offers constant, ARIMA and Prophet load
+    predictors; ARIMA is the one the issue names as its default (its ``auto_arima`` order
+    selection is not reproduced here: this is the smallest ARIMA with a trend)."""
+
+    def __init__(self, keep: int = 20):
+        self.xs: list[float] = []
+        self.keep = keep
+
+    def add(self, x: float) -> None:
+        self.xs.append(x)
+        self.xs = self.xs[-(self.keep + 1):]
+
+    def predict(self) -> float:
+        xs = self.xs
+        if len(xs) < 3:
+            return xs[-1] if xs else 0.0
+        d = [b - a for a, b in zip(xs, xs[1:])]
+        num = sum(a * b for a, b in zip(d, d[1:]))
+        den = sum(a * a for a in d[:-1])
+        phi = max(-1.0, min(1.0, num / den)) if den > 0 else 0.0
+        return max(0.0, xs[-1] + phi * d[-1])
 
 
 def _interp(table, x):
@@ -242,7 +287,8 @@ def _interp(table, x):
 
 
 class Dynamo(Policy):
-    """Dynamo-style SLA planner (throughput-based), every 180 s, constant (last-value) predictor:
+    """Dynamo-style SLA planner (throughput-based), every 180 s, ARIMA(1,1,0) predictor of the
+    request count, mean ISL and mean OSL (:class:`Arima110`), profile with pd-operator's headroom:
     prefill = ceil(req*ISL/interval * min(1, ttft_obs/ttft_expected) / prefill_thpt_per_gpu(ISL)),
     decode  = ceil(req*OSL/interval / decode_thpt_per_gpu(ctx = ISL + OSL/2) at the ITL target),
     min 1, scaled down proportionally to the GPU budget."""
@@ -254,6 +300,7 @@ class Dynamo(Policy):
         self.init = init
         self.pre, self.dec, self.ttft_exp = profile
         self.prev = None
+        self.pred = {k: Arima110() for k in ("req", "isl", "osl")}
 
     def initial(self):
         return dict(self.init)
@@ -275,7 +322,10 @@ class Dynamo(Policy):
         ttft_obs = (last["ttft_sum"] - prev["ttft_sum"]) / n_t if n_t > 0 else 0.0
         ttft_exp = _interp(sorted(self.ttft_exp.items()), isl)
         corr = min(1.0, ttft_obs / ttft_exp) if ttft_exp > 0 else 1.0
-        # predictor: constant (next interval = last interval)
+        for k, v in (("req", req), ("isl", isl), ("osl", osl)):
+            self.pred[k].add(v)
+        req, isl, osl = (self.pred[k].predict() for k in ("req", "isl", "osl"))
+        isl, osl = max(isl, 1.0), max(osl, 1.0)
         p = math.ceil(req * isl / dt * corr / _interp(self.pre, isl))
         d = math.ceil(req * osl / dt / _interp(self.dec, isl + osl / 2))
         p, d = max(1, p), max(1, d)
@@ -286,8 +336,10 @@ class Dynamo(Policy):
 
 
 def make_policy(name: str, init, peak, mean, cap_p, cap_d, prof, cap_d_tok=None) -> Policy:
-    if name == "pd-operator":  # as shipped: decode demand = generation tokens/s (promql.demand_query)
-        return PdOperator(init, {"prefill": cap_p, "decode": cap_d_tok})
+    if name == "pd-operator":  # as shipped: the operator's own capacity estimate and signals (plan_service)
+        return PdOperator(init, None)
+    if name == "pd-operator-given":  # capacity given from the trace's parameters (the first benchmark's setting)
+        return PdOperator(init, {"prefill": cap_p, "decode": cap_d_tok}, name=name)
     if name == "pd-operator-streams":  # the first version: decode demand = running streams
         return PdOperator(init, {"prefill": cap_p, "decode": cap_d}, decode_demand="running", name=name)
     if name == "pd-operator-waiting":  # decode demand = running + waiting (not what promql.demand_query sends)

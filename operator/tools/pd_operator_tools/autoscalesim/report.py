@@ -10,12 +10,16 @@ from .trace import Trace
 COLUMNS = ("goodput", "ttft_p99", "itl_p99", "gpu_hours", "goodput_per_gpu_hour", "actions", "ratio")
 
 
-def table_md(results: list[Result]) -> str:
-    lines = ["| policy | goodput | TTFT p99 (s) | ITL p99 (ms, per token) | mean-ITL p99 (ms, per request) | GPU-hours | "
+def table_md(results: list[Result], feasible: int | None = None) -> str:
+    """One row per policy; with ``feasible`` (requests that could meet the SLO on an idle
+    fleet) a column of good requests / feasible requests."""
+    extra_h, extra_a = (" goodput / feasible |", "---:|") if feasible else ("", "")
+    lines = ["| policy | goodput |" + extra_h + " TTFT p99 (s) | ITL p99 (ms, per token) | mean-ITL p99 (ms, per request) | GPU-hours | "
              "good requests per GPU-hour | scaling actions | GPU-hours / oracle |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|" + extra_a + "---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r.name} | {r.goodput:.4f} | {r.ttft_p99:.3f} | {r.itl_p99 * 1e3:.1f} | {r.itl_req_p99 * 1e3:.1f} | "
+        share = f" {r.goodput * r.requests / feasible:.4f} |" if feasible else ""
+        lines.append(f"| {r.name} | {r.goodput:.4f} |{share} {r.ttft_p99:.3f} | {r.itl_p99 * 1e3:.1f} | {r.itl_req_p99 * 1e3:.1f} | "
                      f"{r.gpu_hours:.1f} | {r.goodput_per_gpu_hour:.0f} | {r.actions} | {r.ratio:.3f} |")
     return "\n".join(lines)
 

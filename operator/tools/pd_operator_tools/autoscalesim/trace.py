@@ -75,10 +75,22 @@ class Trace:
     hours: float = 24.0
     speed: float = 1.0       # > 1: the day's shape compressed (t simulated seconds = t*speed seconds of the day)
     rate_scale: float = 1.0  # all rates multiplied (e.g. 0.25 for a quick smoke run)
+    # workload-mix shifts: ((from hour of day, ISL LengthDist, OSL LengthDist), ...) in hour order;
+    # a request arriving at or after ``from`` draws its lengths from the last shift begun
+    mix: tuple = ()
 
     @property
     def duration(self) -> float:
         return self.hours * 3600 / self.speed
+
+    def lengths_at(self, t: float) -> tuple[LengthDist, LengthDist]:
+        """The (ISL, OSL) distributions of a request arriving at simulated second ``t``."""
+        h = self.hour_at(t)
+        isl, osl = self.isl, self.osl
+        for from_h, i, o in self.mix:
+            if h >= from_h:
+                isl, osl = i, o
+        return isl, osl
 
     def base(self, h: float) -> float:
         ks, pts = _points(self.knots)
@@ -116,7 +128,8 @@ class Trace:
             if t >= end:
                 return
             if rng.random() * rmax < self.rate(t):
-                yield t, self.isl.sample(lrng), self.osl.sample(lrng)
+                isl, osl = self.lengths_at(t) if self.mix else (self.isl, self.osl)
+                yield t, isl.sample(lrng), osl.sample(lrng)
 
 
 @functools.lru_cache(maxsize=64)
