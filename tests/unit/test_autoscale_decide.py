@@ -309,3 +309,12 @@ def test_a_sustained_queue_is_saturation_even_with_latency_in_the_band():
            sig(0.04975, demand=24000, capacity=6000, produced=20000, utilization=0.85, waiting=8,
                latency_saturates=True), h, now=1000.0)
     assert h.capacity_factor < 0.9
+
+
+def test_the_feedback_bound_never_freezes_a_pool_above_target():
+    # a burst's first minute: the demand's 1-minute window still reads the quiet minute
+    # (needs 1), the pool is at 2 = 2x that, TTFT is 10x the target: feedback may still
+    # add one replica a round, not stay frozen at the bound
+    d = decide(prefill(max_replicas=200), PoolState(replicas=2, ready=2), sig(10.0, demand=10, capacity=10),
+               History(), now=1000.0)
+    assert d.recommendation == 3 and "bounded by 2x" in d.reason

@@ -340,10 +340,14 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         # 2b: the latency is not one replicas lower; the demand floor sizes the pool
         clauses[0] += f" but {futile}: latency feedback left out"
     else:
+        # the bound never freezes a pool whose latency is above target: while the demand's
+        # 1-minute window still lags a burst (it reads the quiet minute before), feedback
+        # may add one replica a round beyond it
         bound = math.ceil(FEEDBACK_CAP * model) if model is not None else None
-        if bound is not None and rec > max(bound, state.replicas):
+        floor = state.replicas + (1 if stands == "above" else 0)
+        if bound is not None and rec > max(bound, floor):
             clauses[0] += f" (feedback {rec} bounded by {FEEDBACK_CAP:g}x the demand's need)"
-            rec = max(bound, state.replicas)
+            rec = max(bound, floor)
         candidates.append((rec, policy.target.metric))
     if model is not None:
         candidates.append((model, "demand"))
