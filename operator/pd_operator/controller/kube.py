@@ -22,6 +22,8 @@ FIELD_MANAGER = "pd-operator"
 REPLICAS_MANAGER = "pd-operator-replicas"
 # The autoscaler's status fields (its conditions, metrics, scale reasons).
 AUTOSCALER_MANAGER = "pd-operator-autoscaler"
+# The Serving condition (what the live signals say is failing).
+DIAGNOSIS_MANAGER = "pd-operator-diagnosis"
 
 # kind -> (apiVersion, plural)
 KINDS: dict[str, tuple[str, str]] = {

@@ -1,0 +1,122 @@
+"""The Serving condition (autoscale/diagnose.py and the autoscaler loop that writes it).
+
+Series as the pinned routers and engines export them (tests/contract/FACTS.md,
+"Serving diagnosis"); one query per signal covers every service."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_operator.autoscale.diagnose import Signals, diagnose, diagnosis_queries, signals_by_service
+from pd_operator.controller.autoscaler import Autoscaler
+from pd_operator.controller.kube import DIAGNOSIS_MANAGER
+
+from .test_autoscaler_loop import FakeKube, Signals as LatencySignals, body
+
+VLLM = dict(served_name="qwen3-8b", engine="vllm", router="vllm-router")
+SGL = dict(served_name="qwen3-8b", engine="sglang", router="sglang-router")
+HEALTHY = dict(workers=2, unhealthy=None, worker_errors=0, requests=100, kv_failures=0, overload=0)
+
+
+def vec(**by_service):
+    return [{"metric": {"namespace": ns, "pdserving_io_service": svc}, "value": [0, str(v)]}
+            for (ns, svc), v in by_service.items()]
+
+
+def test_queries_are_grouped_by_service_one_per_signal():
+    for engine, router in (("vllm", "vllm-router"), ("sglang", "sglang-router")):
+        qs = diagnosis_queries(engine, router)
+        for q in qs.values():
+            assert "by (namespace, pdserving_io_service" in q.promql, q.promql
+            assert "pdserving_io_service=" not in q.promql  # never one query per service
+    assert "vllm:nixl_num_failed_transfers_total" in diagnosis_queries("vllm", "vllm-router")["kv_failures"].promql
+    assert "sglang:num_transfer_failed_reqs_total" in diagnosis_queries("sglang", "sglang-router")["kv_failures"].promql
+    assert "smg_worker_health" in diagnosis_queries("sglang", "sglang-router")["unhealthy"].promql
+    assert "vllm:admission_rejections_total" in diagnosis_queries("vllm", "vllm-router")["overload"].promql
+
+
+def test_results_split_by_service_and_model():
+    sig = signals_by_service({
+        "workers": [{"metric": {"namespace": "a", "pdserving_io_service": "s"}, "value": [0, "2"]}],
+        "worker_errors": [{"metric": {"namespace": "a", "pdserving_io_service": "s"}, "value": [0, "NaN"]}],
+        "models": [{"metric": {"namespace": "a", "pdserving_io_service": "s", "model": "gpt-4"}, "value": [0, "7"]},
+                   {"metric": {"namespace": "b", "pdserving_io_service": "t", "model": "x"}, "value": [0, "1"]}],
+    })
+    assert sig[("a", "s")].workers == 2 and sig[("a", "s")].worker_errors is None
+    assert sig[("a", "s")].models == {"gpt-4": 7.0} and sig[("b", "t")].models == {"x": 1.0}
+
+
+@pytest.mark.parametrize("kind,signals,reason,words", [
+    (VLLM, dict(HEALTHY, unhealthy=1, worker_errors=30), "WorkersUnreachable", ["1/2 workers", "port 8000", "NO_PROXY"]),
+    (VLLM, dict(HEALTHY, worker_errors=12, kv_failures=12), "KVTransferFailing", ["12 failed", "NIXL"]),
+    (VLLM, dict(HEALTHY, worker_errors=5, overload=5), "Overloaded", ["5 requests", "queue limit", "replicas"]),
+    (SGL, dict(HEALTHY, models={"qwen3-8b": 90, "gpt-4o": 10}, not_found=10), "UnknownModelRequested",
+     ["'gpt-4o' (10)", '"model": "qwen3-8b"']),
+    (SGL, dict(HEALTHY, worker_errors=20), "EngineAuthRejected", ["refused 20 of 100", "401", "same key"]),
+    (VLLM, dict(HEALTHY, worker_errors=20), "EngineAuthRejected", ["401", "404", "qwen3-8b"]),
+    (VLLM, HEALTHY, "Serving", ["2 workers healthy"]),
+])
+def test_verdicts(kind, signals, reason, words):
+    v = diagnose(Signals(**signals), backend="nixl", engine_port=8000, **kind)
+    assert v.reason == reason, v
+    assert v.status == ("True" if reason == "Serving" else "False")
+    for w in words:
+        assert w in v.message, (w, v.message)
+
+
+def test_no_series_is_unknown_not_serving():
+    assert diagnose(None, **VLLM).status == "Unknown"
+    assert diagnose(Signals(), **VLLM).reason == "NoData"
+
+
+class Diagnosis:
+    def __init__(self, signals: Signals):
+        self.signals, self.calls = signals, []
+
+    def __call__(self, prom, engine, router):
+        self.calls.append((prom.url, engine, router))
+        return {("ns", "svc"): self.signals}
+
+
+class Kube(FakeKube):
+    def __init__(self):
+        super().__init__()
+        self.applied: dict[str, dict] = {}
+
+    def patch_status(self, namespace, name, patch, manager=None):
+        self.applied[manager] = patch
+        super().patch_status(namespace, name, patch, manager)
+
+
+def test_loop_writes_serving_with_its_own_manager_and_events_on_start_and_end():
+    kube, events = Kube(), []
+    diag = Diagnosis(Signals(**dict(HEALTHY, worker_errors=40)))
+    scaler = Autoscaler(kube, LatencySignals(), lambda b, t, r, m: r != "Autoscaled" and events.append((t, r, m)), diagnosis=diag)
+    b = body()
+    scaler.run_once([b], force=True)
+    assert diag.calls == [("http://prometheus.monitoring:9090", "vllm", "vllm-router")]
+    serving = kube.applied[DIAGNOSIS_MANAGER]["conditions"]
+    assert [c["type"] for c in serving] == ["Serving"]  # only its own condition: the autoscaler's stay its own
+    assert serving[0]["reason"] == "EngineAuthRejected" and serving[0]["status"] == "False"
+    assert [(t, r) for t, r, _ in events] == [("Warning", "EngineAuthRejected")]
+
+    # same failure next round: no new Event
+    b["status"] = {"conditions": serving}
+    scaler.run_once([b], force=True)
+    assert [(t, r) for t, r, _ in events] == [("Warning", "EngineAuthRejected")]
+
+    # fixed: Serving True, an Event says it cleared
+    diag.signals = Signals(**HEALTHY)
+    scaler.run_once([b], force=True)
+    assert kube.applied[DIAGNOSIS_MANAGER]["conditions"][0]["status"] == "True"
+    assert events[-1][:2] == ("Normal", "ServingRecovered") and "EngineAuthRejected cleared" in events[-1][2]
+
+
+def test_services_without_autoscaling_are_diagnosed_too():
+    kube = Kube()
+    b = body()
+    for role in ("prefill", "decode"):
+        b["spec"][role]["autoscaling"]["enabled"] = False
+    diag = Diagnosis(Signals(**dict(HEALTHY, kv_failures=3)))
+    Autoscaler(kube, LatencySignals(), lambda *a: None, diagnosis=diag).run_once([b], force=True)
+    assert kube.applied[DIAGNOSIS_MANAGER]["conditions"][0]["reason"] == "KVTransferFailing"
