@@ -15,7 +15,7 @@ from .test_autoscaler_loop import FakeKube, Signals as LatencySignals, body
 
 VLLM = dict(served_name="qwen3-8b", engine="vllm", router="vllm-router")
 SGL = dict(served_name="qwen3-8b", engine="sglang", router="sglang-router")
-HEALTHY = dict(workers=2, unhealthy=None, worker_errors=0, requests=100, kv_failures=0, overload=0)
+HEALTHY = dict(workers=2, healthy=2, unhealthy=None, worker_errors=0, requests=100, kv_failures=0, overload=0)
 
 
 def vec(**by_service):
@@ -48,6 +48,8 @@ def test_results_split_by_service_and_model():
 
 @pytest.mark.parametrize("kind,signals,reason,words", [
     (VLLM, dict(HEALTHY, unhealthy=1, worker_errors=30), "WorkersUnreachable", ["1/2 workers", "port 8000", "NO_PROXY"]),
+    # sglang-router drops a worker it cannot reach at startup: fewer healthy workers than ready pods
+    (SGL, dict(HEALTHY, workers=1, healthy=1), "WorkersUnreachable", ["1 healthy workers of the 2 ready"]),
     (VLLM, dict(HEALTHY, worker_errors=12, kv_failures=12), "KVTransferFailing", ["12 failed", "NIXL"]),
     (VLLM, dict(HEALTHY, worker_errors=5, overload=5), "Overloaded", ["5 requests", "queue limit", "replicas"]),
     (SGL, dict(HEALTHY, models={"qwen3-8b": 90, "gpt-4o": 10}, not_found=10), "UnknownModelRequested",
@@ -57,7 +59,7 @@ def test_results_split_by_service_and_model():
     (VLLM, HEALTHY, "Serving", ["2 workers healthy"]),
 ])
 def test_verdicts(kind, signals, reason, words):
-    v = diagnose(Signals(**signals), backend="nixl", engine_port=8000, **kind)
+    v = diagnose(Signals(**signals), backend="nixl", engine_port=8000, ready_workers=2, **kind)
     assert v.reason == reason, v
     assert v.status == ("True" if reason == "Serving" else "False")
     for w in words:
@@ -67,6 +69,9 @@ def test_verdicts(kind, signals, reason, words):
 def test_no_series_is_unknown_not_serving():
     assert diagnose(None, **VLLM).status == "Unknown"
     assert diagnose(Signals(), **VLLM).reason == "NoData"
+
+
+LOOP = dict(HEALTHY, workers=10, healthy=10)  # whatever the fake pools scale to
 
 
 class Diagnosis:
@@ -90,7 +95,7 @@ class Kube(FakeKube):
 
 def test_loop_writes_serving_with_its_own_manager_and_events_on_start_and_end():
     kube, events = Kube(), []
-    diag = Diagnosis(Signals(**dict(HEALTHY, worker_errors=40)))
+    diag = Diagnosis(Signals(**dict(LOOP, worker_errors=40)))
     scaler = Autoscaler(kube, LatencySignals(), lambda b, t, r, m: r != "Autoscaled" and events.append((t, r, m)), diagnosis=diag)
     b = body()
     scaler.run_once([b], force=True)
@@ -106,7 +111,7 @@ def test_loop_writes_serving_with_its_own_manager_and_events_on_start_and_end():
     assert [(t, r) for t, r, _ in events] == [("Warning", "EngineAuthRejected")]
 
     # fixed: Serving True, an Event says it cleared
-    diag.signals = Signals(**HEALTHY)
+    diag.signals = Signals(**LOOP)
     scaler.run_once([b], force=True)
     assert kube.applied[DIAGNOSIS_MANAGER]["conditions"][0]["status"] == "True"
     assert events[-1][:2] == ("Normal", "ServingRecovered") and "EngineAuthRejected cleared" in events[-1][2]
@@ -117,6 +122,6 @@ def test_services_without_autoscaling_are_diagnosed_too():
     b = body()
     for role in ("prefill", "decode"):
         b["spec"][role]["autoscaling"]["enabled"] = False
-    diag = Diagnosis(Signals(**dict(HEALTHY, kv_failures=3)))
+    diag = Diagnosis(Signals(**dict(LOOP, kv_failures=3)))
     Autoscaler(kube, LatencySignals(), lambda *a: None, diagnosis=diag).run_once([b], force=True)
     assert kube.applied[DIAGNOSIS_MANAGER]["conditions"][0]["reason"] == "KVTransferFailing"

@@ -89,6 +89,7 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
         # workers the router holds unhealthy / all its workers (max over router replicas)
         "unhealthy": f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",
         "workers": f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}))",
+        "healthy": f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 1)",
         "worker_errors": f"sum by ({BY}) (increase({_names(r['worker_errors'])}[{window}]))",
         "requests": f"sum by ({BY}) (increase({r['requests']}[{window}]))",
         "kv_failures": f"sum by ({BY}) (increase({_names(KV_FAILURES[engine])}[{window}]))",
@@ -123,6 +124,7 @@ class Signals:
     """What Prometheus saw of one service over the window; None: no series."""
 
     workers: float | None = None
+    healthy: float | None = None
     unhealthy: float | None = None
     worker_errors: float | None = None
     requests: float | None = None
@@ -167,18 +169,23 @@ REASONS = ("WorkersUnreachable", "KVTransferFailing", "Overloaded", "UnknownMode
 
 
 def diagnose(s: Signals | None, *, served_name: str, engine: str, router: str, window: str = WINDOW,
-             engine_port: int | None = None, key_ref: str | None = None, backend: str | None = None) -> Verdict:
-    """The Serving verdict of one service from its signals."""
+             engine_port: int | None = None, key_ref: str | None = None, backend: str | None = None,
+             ready_workers: int | None = None) -> Verdict:
+    """The Serving verdict of one service from its signals; ``ready_workers``: the
+    engine pods Kubernetes reports ready (the router should hold each one healthy)."""
     if s is None or (s.workers is None and s.requests is None and s.kv_failures is None):
         return Verdict("Unknown", "NoData",
                        f"Prometheus has no {router} or engine series for this service: scrape the router pods too "
                        "(manifests/prometheus/scrape-engines.yaml keeps roles prefill|decode|router)")
     errors, requests = _n(s.worker_errors), _n(s.requests)
     of = f" of {requests} requests" if requests else ""
-    if _n(s.unhealthy) > 0:
+    missing = max(0, (ready_workers or 0) - _n(s.healthy)) if s.workers is not None or ready_workers else 0
+    if _n(s.unhealthy) > 0 or missing > 0:
         port = f" port {engine_port}" if engine_port else " the engine port"
+        seen = (f"cannot reach {_n(s.unhealthy)}/{_n(s.workers)} workers (its health checks fail)" if _n(s.unhealthy)
+                else f"holds {_n(s.healthy)} healthy workers of the {ready_workers} ready engine pods")
         return Verdict("False", "WorkersUnreachable",
-                       f"{router} cannot reach {_n(s.unhealthy)}/{_n(s.workers)} workers (its health checks fail): "
+                       f"{router} {seen}: "
                        f"check that the engines listen on{port} of the pod IP the router discovers, that no HTTP(S)_PROXY "
                        "in the router's environment covers the pod network (set NO_PROXY), and the pods' NetworkPolicy")
     if _n(s.kv_failures) > 0:

@@ -355,7 +355,12 @@ class Autoscaler:
                 from ..render.engines import engine_for
 
                 key_ref = spec.engine.api_key_secret_ref
+                ready = 0
+                for role in ("prefill", "decode"):
+                    sts = self.kube.get("StatefulSet", namespace, child_name(svc, role)) or {}
+                    ready += (sts.get("status") or {}).get("readyReplicas") or 0
                 verdict = diagnose(result.get((namespace, name)), served_name=spec.served_model_name(),
+                                   ready_workers=ready,
                                    engine=spec.engine.kind, router=key[2], backend=spec.backend(),
                                    engine_port=engine_for(svc).http_port,
                                    key_ref=f"Secret {key_ref.name} key {key_ref.key}" if key_ref else None)
