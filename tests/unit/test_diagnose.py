@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pd_operator.autoscale.diagnose import Signals, diagnose, diagnosis_queries, signals_by_service
+from pd_operator.autoscale.diagnose import Signals, diagnose, diagnosis_queries, merge, signals_by_service
 from pd_operator.controller.autoscaler import Autoscaler
 from pd_operator.controller.kube import DIAGNOSIS_MANAGER
 
@@ -18,7 +18,7 @@ SGL = dict(served_name="qwen3-8b", engine="sglang", router="sglang-router")
 HEALTHY = dict(workers=2, healthy=2, unhealthy=None, worker_errors=0, requests=100, kv_failures=0, overload=0)
 
 
-def vec(**by_service):
+def vec(by_service: dict):
     return [{"metric": {"namespace": ns, "pdserving_io_service": svc}, "value": [0, str(v)]}
             for (ns, svc), v in by_service.items()]
 
@@ -27,12 +27,22 @@ def test_queries_are_grouped_by_service_one_per_signal():
     for engine, router in (("vllm", "vllm-router"), ("sglang", "sglang-router")):
         qs = diagnosis_queries(engine, router)
         for q in qs.values():
-            assert "by (namespace, pdserving_io_service" in q.promql, q.promql
-            assert "pdserving_io_service=" not in q.promql  # never one query per service
-    assert "vllm:nixl_num_failed_transfers_total" in diagnosis_queries("vllm", "vllm-router")["kv_failures"].promql
-    assert "sglang:num_transfer_failed_reqs_total" in diagnosis_queries("sglang", "sglang-router")["kv_failures"].promql
-    assert "smg_worker_health" in diagnosis_queries("sglang", "sglang-router")["unhealthy"].promql
-    assert "vllm:admission_rejections_total" in diagnosis_queries("vllm", "vllm-router")["overload"].promql
+            for promql in q.promql:
+                assert "by (namespace, pdserving_io_service" in promql, promql
+                assert "pdserving_io_service=" not in promql  # never one query per service
+                assert "__name__" not in promql  # increase() of several names clashes (Prometheus 422)
+    text = lambda e, r, s: " ".join(diagnosis_queries(e, r)[s].promql)  # noqa: E731
+    assert "increase(vllm:nixl_num_failed_transfers_total[1m])" in text("vllm", "vllm-router", "kv_failures")
+    assert "increase(sglang:num_transfer_failed_reqs_total[1m])" in text("sglang", "sglang-router", "kv_failures")
+    assert "smg_worker_health" in text("sglang", "sglang-router", "unhealthy")
+    assert "vllm:admission_rejections_total" in text("vllm", "vllm-router", "overload")
+
+
+def test_a_signal_of_several_metrics_is_summed_per_service():
+    a = vec({("ns", "x"): 2, ("ns", "y"): 1})
+    b = vec({("ns", "x"): 3})
+    got = {(s["metric"]["pdserving_io_service"]): float(s["value"][1]) for s in merge([a, b])}
+    assert got == {"x": 5.0, "y": 1.0}
 
 
 def test_results_split_by_service_and_model():

@@ -72,37 +72,55 @@ ENGINE_REQUESTS = {"vllm": "vllm:request_success_total", "sglang": "sglang:e2e_r
 
 @dataclass(frozen=True)
 class DiagnosisQuery:
+    """One signal for every service. A signal that several metrics make up (e.g. NIXL's
+    and Mooncake's failure counters) is one query per metric, summed per service by
+    :func:`merge`: ``increase()`` of a ``{__name__=~...}`` selector drops the names and
+    Prometheus refuses the clashing series."""
+
     key: tuple[str, str, str]  # (engine, router, signal)
-    promql: str
-    by: tuple[str, ...] = ()  # extra grouping label (its value is kept)
+    promql: tuple[str, ...]
 
 
-def _names(regex: str) -> str:
-    return f'{{__name__=~"{regex}"}}'
+def merge(results: list[list[dict]]) -> list[dict]:
+    """The instant vectors of one signal's queries, summed per label set."""
+    total: dict[tuple, tuple[dict, float]] = {}
+    for result in results:
+        for series in result or []:
+            labels = series.get("metric", {})
+            try:
+                value = float(series["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            k = tuple(sorted(labels.items()))
+            total[k] = (labels, total.get(k, (labels, 0.0))[1] + value)
+    return [{"metric": labels, "value": [0, repr(v)]} for labels, v in total.values()]
+
+
+def _each(metrics: str, template: str) -> tuple[str, ...]:
+    """``template`` (with ``{m}``) for each metric of a ``a|b`` list."""
+    return tuple(template.format(m=m) for m in metrics.split("|"))
 
 
 def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[str, DiagnosisQuery]:
     """Every query of the diagnosis for one (engine, router) pair, covering all services."""
     r = ROUTER[router]
     k = (engine, router)
+    inc = f"sum by ({BY}) (increase({{m}}[{window}]))"
     q = {
-        # workers the router holds unhealthy / all its workers (max over router replicas)
-        "unhealthy": f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",
-        "workers": f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}))",
-        "healthy": f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 1)",
-        "worker_errors": f"sum by ({BY}) (increase({_names(r['worker_errors'])}[{window}]))",
-        "requests": f"sum by ({BY}) (increase({r['requests']}[{window}]))",
-        "kv_failures": f"sum by ({BY}) (increase({_names(KV_FAILURES[engine])}[{window}]))",
-        "overload": f"sum by ({BY}) (increase({OVERLOAD[engine]}[{window}]))",
+        # workers the router holds unhealthy / healthy / all (max over the router's replicas)
+        "unhealthy": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",),
+        "healthy": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 1)",),
+        "workers": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}))",),
+        "worker_errors": _each(r["worker_errors"], inc),
+        "requests": _each(r["requests"], inc),
+        "kv_failures": _each(KV_FAILURES[engine], inc),
+        "overload": _each(OVERLOAD[engine], inc),
     }
-    out = {name: DiagnosisQuery((*k, name), promql) for name, promql in q.items()}
     if router == "sglang-router":
-        # the model each client asked for (label ``model``) and the 404s passed through
-        out["models"] = DiagnosisQuery((*k, "models"),
-                                       f"sum by ({BY}, model) (increase(smg_router_requests_total[{window}]))", ("model",))
-        out["not_found"] = DiagnosisQuery((*k, "not_found"),
-                                          f'sum by ({BY}) (increase(smg_http_responses_total{{status_code="404"}}[{window}]))')
-    return out
+        # the model each client asked for (label ``model``) and the 404s the router passed through
+        q["models"] = (f"sum by ({BY}, model) (increase(smg_router_requests_total[{window}]))",)
+        q["not_found"] = (f'sum by ({BY}) (increase(smg_http_responses_total{{status_code="404"}}[{window}]))',)
+    return {name: DiagnosisQuery((*k, name), promql) for name, promql in q.items()}
 
 
 def by_service_label(result: list[dict], label: str) -> dict[tuple[str, str], dict[str, float]]:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from .diagnose import Signals, diagnosis_queries, signals_by_service
+from .diagnose import WINDOW, Signals, diagnosis_queries, merge, signals_by_service
 from .promql import Observation, by_service, observations, pool_queries
 
 
@@ -48,6 +48,7 @@ class PrometheusSignals:
                    for name, q in pool_queries(engine, role, quantile, window, secondaries).items()}
         return observations(results.pop("quantile"), results.pop("rate"), results.pop("demand"), results)
 
-    def diagnosis(self, engine: str, router: str) -> dict[tuple[str, str], Signals]:
+    def diagnosis(self, engine: str, router: str, window: str = WINDOW) -> dict[tuple[str, str], Signals]:
         """The Serving signals of every service of one (engine, router): one query per signal."""
-        return signals_by_service({name: self._query(q.promql) for name, q in diagnosis_queries(engine, router).items()})
+        return signals_by_service({name: merge([self._query(p) for p in q.promql])
+                                   for name, q in diagnosis_queries(engine, router, window).items()})
