@@ -231,7 +231,7 @@ def diagnose(s: Signals | None, *, served_name: str, engine: str, router: str, w
                 f"({key_ref or 'engine.apiKeySecretRef'}); after rotating the Secret, restart both pools and the router")
         if router == "vllm-router":
             auth += (f"; or clients ask for another model than {served_name!r} (404): vllm-router 0.1.17 counts both "
-                     "the same way, pdctl doctor tells them apart")
+                     "the same way, so check the clients' \"model\" against status.servedModelName too")
         return Verdict("False", "EngineAuthRejected",
                        f"the workers refused {errors}{of} requests from {router} in the last {window}, with the workers "
                        f"healthy and no KV transfer failures: {auth}")
