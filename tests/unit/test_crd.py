@@ -41,7 +41,7 @@ def test_names_short_names_and_category():
 def test_printer_columns_and_status_subresource():
     version = generate_crd()["spec"]["versions"][0]
     cols = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert cols[:8] == ["Engine", "Model", "Prefill", "Decode", "TTFT", "ITL", "Ready", "Age"]
+    assert cols[:9] == ["Engine", "Model", "Prefill", "Decode", "TTFT", "ITL", "Ready", "Serving", "Age"]
     assert version["subresources"] == {"status": {}}
     # every column points at a field that exists in the schema
     paths = {p for p, _ in walk(schema())}
