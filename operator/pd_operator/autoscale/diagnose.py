@@ -31,13 +31,16 @@ Reasons, first match wins (a failure that explains the others goes first):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .promql import NS, SERVICE, by_service
 
 BY = f"{NS}, {SERVICE}"
-WINDOW = "1m"
+# How far back the counters are read: a failure shows within two scrapes and clears
+# one window after it stops (the integration test shortens it).
+WINDOW = os.environ.get("PD_OPERATOR_DIAGNOSIS_WINDOW", "1m")
 
 # Router metrics (Rust binaries: names and labels as the pinned routers export them).
 ROUTER = {

@@ -28,7 +28,9 @@ def sim_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pd_operator_tools.enginesim",
                                 description="simulated vLLM/SGLang engine; give the engine command after --")
     p.add_argument("--bind", help="address to listen on instead of the command's --host (e.g. the pod IP)")
-    p.add_argument("--bind-port", type=int, help="port to listen on instead of the command's --port")
+    p.add_argument("--bind-port", type=int, default=int(os.environ["PDSIM_BIND_PORT"]) if os.environ.get("PDSIM_BIND_PORT") else None,
+                   help="port to listen on instead of the command's --port (default $PDSIM_BIND_PORT: "
+                        "a pod whose engine listens where nobody looks, for the WorkersUnreachable test)")
     p.add_argument("--efficiency", choices=("fused", "pytorch"), default="fused",
                    help="engine efficiency vs the PyTorch calibration (fused: ~4 ms fixed decode, ~39 ns/cached token)")
     p.add_argument("--kv-link", choices=sorted(LINKS), default="rdma", help="KV transfer path (rdma 50 GB/s + 1 ms)")
