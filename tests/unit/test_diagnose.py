@@ -59,9 +59,9 @@ def test_results_split_by_service_and_model():
 @pytest.mark.parametrize("kind,signals,reason,words", [
     (VLLM, dict(HEALTHY, unhealthy=1, worker_errors=30), "WorkersUnreachable", ["1/2 workers", "port 8000", "NO_PROXY"]),
     # sglang-router drops a worker it cannot reach at startup: fewer healthy workers than ready pods
-    (SGL, dict(HEALTHY, workers=1, healthy=1), "WorkersUnreachable", ["1 healthy workers of the 2 ready"]),
+    (SGL, dict(HEALTHY, workers=1, healthy=1), "WorkersUnreachable", ["1 healthy worker(s) for the 2 ready"]),
     (VLLM, dict(HEALTHY, worker_errors=12, kv_failures=12), "KVTransferFailing", ["12 failed", "NIXL"]),
-    (VLLM, dict(HEALTHY, worker_errors=5, overload=5), "Overloaded", ["5 requests", "queue limit", "replicas"]),
+    (VLLM, dict(HEALTHY, worker_errors=5, overload=5), "Overloaded", ["5 requests", "queue limit", "--max-num-queued-reqs", "replicas"]),
     (SGL, dict(HEALTHY, models={"qwen3-8b": 90, "gpt-4o": 10}, not_found=10), "UnknownModelRequested",
      ["'gpt-4o' (10)", '"model": "qwen3-8b"']),
     (SGL, dict(HEALTHY, worker_errors=20), "EngineAuthRejected", ["refused 20 of 100", "401", "same key"]),

@@ -199,12 +199,13 @@ def diagnose(s: Signals | None, *, served_name: str, engine: str, router: str, w
                        f"Prometheus has no {router} or engine series for this service: scrape the router pods too "
                        "(manifests/prometheus/scrape-engines.yaml keeps roles prefill|decode|router)")
     errors, requests = _n(s.worker_errors), _n(s.requests)
-    of = f" of {requests} requests" if requests else ""
+    of = f" of {requests}" if requests else ""
+    through = f" ({requests} requests through the router)" if requests else ""
     missing = max(0, (ready_workers or 0) - _n(s.healthy)) if s.workers is not None or ready_workers else 0
     if _n(s.unhealthy) > 0 or missing > 0:
         port = f" port {engine_port}" if engine_port else " the engine port"
         seen = (f"cannot reach {_n(s.unhealthy)}/{_n(s.workers)} workers (its health checks fail)" if _n(s.unhealthy)
-                else f"holds {_n(s.healthy)} healthy workers of the {ready_workers} ready engine pods")
+                else f"holds {_n(s.healthy)} healthy worker(s) for the {ready_workers} ready engine pods")
         return Verdict("False", "WorkersUnreachable",
                        f"{router} {seen}: "
                        f"check that the engines listen on{port} of the pod IP the router discovers, that no HTTP(S)_PROXY "
@@ -214,13 +215,13 @@ def diagnose(s: Signals | None, *, served_name: str, engine: str, router: str, w
                "mooncake": "Mooncake transfer engine and the bootstrap port"}.get(backend or "", "KV connector")
         return Verdict("False", "KVTransferFailing",
                        f"the engines counted {_n(s.kv_failures)} failed or expired KV transfers in the last {window}"
-                       f"{of}; decode answers those requests with 500: check the {how} between prefill and decode "
+                       f"{through}; decode answers those requests with 500: check the {how} between prefill and decode "
                        "pods (kvTransfer.rdma, the NetworkPolicy between the pools, the engines' logs)")
     if _n(s.overload) > 0:
-        what = ("engines refused them at their queue limit (HTTP 503, --max-num-queued-reqs)" if engine == "vllm"
-                else "router rate-limited them (429)")
+        what = ("the engines' queue limit (HTTP 503, --max-num-queued-reqs)" if engine == "vllm"
+                else "the router's rate limit (HTTP 429)")
         return Verdict("False", "Overloaded",
-                       f"{_n(s.overload)} requests in the last {window} were refused because the {what}: raise the "
+                       f"{_n(s.overload)} requests in the last {window} were refused at {what}{through}: raise the "
                        "replicas (or autoscaling maxReplicas) of the pool whose queue is full, or the limit")
     asked = {m: n for m, n in s.models.items() if m and m != served_name and n > 0}
     if asked or _n(s.not_found) > 0:
