@@ -184,7 +184,12 @@ def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, cu
         # 1. engine key: the Secret rotated, only the router restarted
         secret(core_v1, namespace, "key-2")
         load.reset(key=None if vllm else "key-2")
+        old = router.pod
         delete_pods(core_v1, namespace, "diag", "router")
+        # clients reach the router through its Service; here: the new router pod's process
+        router = wait_for(lambda: next((p for p in harness.wait_serving("router", 1, timeout=90) if p.pod != old), None),
+                          90, "the new router pod serving")
+        load.url = router.url
         wait_for(lambda: load.last_code not in (None, 0, 200), 90, "requests refused through the new router")
         delays["EngineAuthRejected"] = status.wait("EngineAuthRejected", load)
         delete_pods(core_v1, namespace, "diag", "prefill")
