@@ -135,3 +135,16 @@ def test_services_without_autoscaling_are_diagnosed_too():
     diag = Diagnosis(Signals(**dict(LOOP, kv_failures=3)))
     Autoscaler(kube, LatencySignals(), lambda *a: None, diagnosis=diag).run_once([b], force=True)
     assert kube.applied[DIAGNOSIS_MANAGER]["conditions"][0]["reason"] == "KVTransferFailing"
+
+
+def test_prometheus_down_is_unknown_and_no_event():
+    kube, events = Kube(), []
+
+    def down(prom, engine, router):
+        raise ConnectionError("refused")
+
+    Autoscaler(kube, LatencySignals(), lambda b, t, r, m: r != "Autoscaled" and events.append(r),
+               diagnosis=down).run_once([body()], force=True)
+    (cond,) = kube.applied[DIAGNOSIS_MANAGER]["conditions"]
+    assert (cond["status"], cond["reason"]) == ("Unknown", "PrometheusUnreachable")
+    assert events == []
