@@ -197,16 +197,6 @@ def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, cu
         up(harness, namespace)
         status.wait("Serving", timeout=120)
 
-        # 2. decode listens on a port the router does not use
-        load.reset()
-        patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
-                   "gpuProduct": "NVIDIA-H200", "env": [{"name": "PDSIM_BIND_PORT", "value": "18999"}]}})
-        delays["WorkersUnreachable"] = status.wait("WorkersUnreachable", load, timeout=120)
-        patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
-                   "gpuProduct": "NVIDIA-H200", "env": []}})
-        up(harness, namespace)
-        status.wait("Serving", timeout=120)
-
         # 3. every KV transfer into decode fails
         load.reset()
         patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
@@ -237,6 +227,16 @@ def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, cu
             assert "'gpt-4o'" in status.cond()["message"]
             load.reset(model=SERVED)
             status.wait("Serving", timeout=60)
+        # 5. (last: the slowest to clear) decode listens on a port the router does not use
+        load.reset()
+        patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
+                   "gpuProduct": "NVIDIA-H200", "env": [{"name": "PDSIM_BIND_PORT", "value": "18999"}]}})
+        delays["WorkersUnreachable"] = status.wait("WorkersUnreachable", load, timeout=120)
+        patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
+                   "gpuProduct": "NVIDIA-H200", "env": []}})
+        up(harness, namespace)
+        status.wait("Serving", timeout=120)
+
     finally:
         load.stop()
         print(f"\n=== Serving condition, {example} (scrape {SCRAPE_S:g} s, round {INTERVAL_S:g} s) ===\n"
