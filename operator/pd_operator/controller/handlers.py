@@ -44,8 +44,13 @@ def kube() -> Kube:
 def post_event(body: dict, type_: str, reason: str, message: str) -> None:
     try:
         kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        return
+    except Exception:  # noqa: BLE001 - outside kopf's own tasks (the autoscaler's thread) there is no event queue
+        pass
+    try:
+        kube().create_event(body, type_, reason, message)
     except Exception:  # events are best effort; never fail a reconcile on them
-        logging.getLogger(__name__).debug("event not posted", exc_info=True)
+        logging.getLogger(__name__).warning("event %s not posted", reason, exc_info=True)
 
 
 def reconcile_service(namespace: str, name: str, settle: float = 0.0) -> None:
