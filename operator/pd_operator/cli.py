@@ -76,6 +76,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import os
+
+    from .doctor import run
+
+    return run(args.name, args.namespace, args.prometheus, os.environ.get("PDCTL_PROMETHEUS_TOKEN") or None)
+
+
 # Commands that come with the tools distribution (``pip install 'pd-operator[tools]'``):
 # each entry point of this group is a function ``add_parsers(subparsers)``.
 TOOLS_GROUP = "pd_operator.pdctl"
@@ -119,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a PDInferenceService as the API server and the operator would")
     p.add_argument("-f", "--file", required=True, help="PDInferenceService YAML file, or - for stdin")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("doctor", help="a service's conditions, pods, the last hour of its failure signals "
+                       "(Prometheus) and what to do")
+    p.add_argument("name", help="PDInferenceService name")
+    p.add_argument("-n", "--namespace", default="default", help="its namespace (default: default)")
+    p.add_argument("--prometheus", help="Prometheus URL to read instead of spec.autoscaling.prometheus.url "
+                   "(e.g. http://127.0.0.1:9090 through kubectl port-forward); bearer token from $PDCTL_PROMETHEUS_TOKEN")
+    p.set_defaults(func=cmd_doctor)
 
     add_tool_commands(sub)
     return parser

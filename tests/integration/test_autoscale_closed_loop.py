@@ -108,7 +108,7 @@ class Prometheus:
     def up_targets(self, namespace: str) -> dict[str, str]:
         """pod -> role of the engine targets scraped successfully."""
         return {r["metric"]["pod"]: r["metric"]["pdserving_io_role"]
-                for r in self.query(f'up{{job="pd-engines", namespace="{namespace}"}} == 1')}
+                for r in self.query(f'up{{job="pd-engines", namespace="{namespace}", pdserving_io_role=~"prefill|decode"}} == 1')}
 
 
 # ----------------------------------------------------------------- load

@@ -315,7 +315,10 @@ def test_monitoring_objects_use_real_metric_names():
         assert metric in text, metric
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert alerts == {"PDServiceTTFTOverTarget", "PDServiceITLOverTarget", "PDServicePoolAtMaxReplicas",
-                      "PDServiceEngineMetricsMissing", "PDOperatorMetricsMissing"}
+                      "PDServiceEngineMetricsMissing", "PDOperatorMetricsMissing",
+                      # the Serving condition's reasons (autoscale/diagnose.py), one alert each
+                      "PDServiceWorkersUnreachable", "PDServiceKVTransferFailing", "PDServiceOverloaded",
+                      "PDServiceUnknownModelRequested", "PDServiceEngineAuthRejected"}
     from pd_operator.controller import metrics
 
     operator_metrics = {m._name for m in vars(metrics).values() if hasattr(m, "_name")}
@@ -327,6 +330,14 @@ def test_monitoring_objects_use_real_metric_names():
     titles = " ".join(p["title"] for p in dash["panels"])
     for word in ("Replicas", "TTFT", "ITL", "Scaling", "Goodput"):
         assert word in titles
+    # the same signals as the Serving condition: every metric its queries read
+    from pd_operator.autoscale.diagnose import KV_FAILURES, OVERLOAD, ROUTER
+
+    serving = {m for table in (KV_FAILURES, OVERLOAD) for ms in table.values() for m in ms.split("|")}
+    serving |= {m for r in ROUTER.values() for key in ("worker_health", "worker_errors") for m in r[key].split("|")}
+    for name in sorted(serving):
+        assert name in text, f"PrometheusRule lacks {name}"
+        assert name in exprs, f"dashboard lacks {name}"
     ksm = yaml.safe_load(maps["pd-operator-ksm"]["data"]["pdinferenceservices.yaml"])
     names = {m["name"] for m in ksm["spec"]["resources"][0]["metrics"]}
     assert names == {"pool_replicas", "pool_ready_replicas", "pool_desired_replicas", "pool_max_replicas"}

@@ -25,6 +25,8 @@ PRINTER_COLUMNS = [
     {"name": "TTFT", "type": "string", "jsonPath": ".status.metrics.ttft", "description": "Time to first token at the targeted quantile"},
     {"name": "ITL", "type": "string", "jsonPath": ".status.metrics.itl", "description": "Inter-token latency at the targeted quantile"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Serving", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Serving")].reason',
+     "description": "What the live signals say: Serving, or the failure (pdctl doctor NAME)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},
 ]

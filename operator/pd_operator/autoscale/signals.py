@@ -12,6 +12,7 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from .capacity import length_bias
+from .diagnose import WINDOW, Signals, diagnosis_queries, merge, signals_by_service
 from .promql import Observation, by_service, by_service_buckets, observations, pool_queries
 
 
@@ -51,3 +52,8 @@ class PrometheusSignals:
             results["osl_bias"] = {key: bias for key, buckets in by_service_buckets(self._query(hist.promql)).items()
                                    if (bias := length_bias(buckets)) is not None}
         return observations(results.pop("quantile"), results.pop("rate"), results.pop("demand"), results)
+
+    def diagnosis(self, engine: str, router: str, window: str = WINDOW) -> dict[tuple[str, str], Signals]:
+        """The Serving signals of every service of one (engine, router): one query per signal."""
+        return signals_by_service({name: merge([self._query(p) for p in q.promql])
+                                   for name, q in diagnosis_queries(engine, router, window).items()})

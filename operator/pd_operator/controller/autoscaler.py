@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from ..api import SpecError, validate_service
 from ..api.models import PDInferenceService, duration_seconds
 from ..autoscale import fit
+from ..autoscale.diagnose import REASONS, Verdict, diagnose
 from ..autoscale.decide import History, PoolState
 from ..autoscale.plan import PoolInput, plan_service
 from ..autoscale.promql import Observation
@@ -28,7 +29,7 @@ from ..render.common import child_name, selector_labels
 from ..render.pools import pool_kind
 from .health import HEALTH, Health
 from .loop import every
-from .kube import AUTOSCALER_MANAGER, Kube
+from .kube import AUTOSCALER_MANAGER, DIAGNOSIS_MANAGER, Kube
 from .reconcile import LOCKS, EventFn, now_rfc3339
 from .status import merge_conditions, pool_status
 
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 # (prometheus, engine, role, quantile, secondaries=frozenset of secondary metrics)
 #   -> {(namespace, service): Observation}
 SignalFn = Callable[..., dict[tuple[str, str], Observation]]
+# (prometheus, engine, router) -> {(namespace, service): diagnose.Signals}
+DiagnosisFn = Callable[..., dict]
 
 
 @dataclass(frozen=True)
@@ -174,8 +177,13 @@ class Autoscaler:
     round without a restart."""
 
     def __init__(self, kube: Kube, signals: SignalFn, event: EventFn, clock: Callable[[], float] = time.time,
-                 query_deadline: float = QUERY_DEADLINE_SECONDS, token_urls: list[str] | tuple[str, ...] = ()):
+                 query_deadline: float = QUERY_DEADLINE_SECONDS, token_urls: list[str] | tuple[str, ...] = (),
+                 diagnosis: DiagnosisFn | None = None):
         self.kube, self.signals, self.event, self.clock = kube, signals, event, clock
+        # the Serving condition (autoscale/diagnose.py): one query per signal and
+        # (Prometheus, engine, router) for every service that names a Prometheus
+        self.diagnosis = Queries(lambda prom, engine, router, secondaries=frozenset(): diagnosis(prom, engine, router)) \
+            if diagnosis else None
         # Prometheus endpoints the administrator lets receive a tenant's bearer
         # token (operator flag --prometheus-token-url); none: no token is sent
         self.token_urls = tuple(token_urls)
@@ -186,11 +194,13 @@ class Autoscaler:
         self.warned_rbac = False
         # applied every round (an apply that omits a field gives it up)
         self.last_scale: dict[tuple[str, str, str], tuple[str, str]] = {}
+        self.last_diagnosis: dict[tuple[str, str], float] = {}
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what the loop keeps of a deleted service."""
         self.histories.pop((namespace, name), None)
         self.last_round.pop((namespace, name), None)
+        self.last_diagnosis.pop((namespace, name), None)
         for role in ("prefill", "decode"):
             self.last_scale.pop((namespace, name, role), None)
 
@@ -259,12 +269,19 @@ class Autoscaler:
         """Decide every autoscaled service that is due (``force``: all of them)."""
         now = self.clock()
         services = []
+        diagnosed = []
         for body in bodies:
             try:
                 svc = validate_service(body)
             except SpecError:
                 continue  # the reconciler reports it
             spec = svc.spec
+            if self.diagnosis is not None and spec.autoscaling.prometheus is not None:
+                key = (body["metadata"]["namespace"], body["metadata"]["name"])
+                last = self.last_diagnosis.get(key)
+                interval = duration_seconds(spec.autoscaling.interval)
+                if force or last is None or now - last >= interval - min(1.0, 0.1 * interval):
+                    diagnosed.append((body, svc))
             if not (spec.prefill.autoscaling.enabled or spec.decode.autoscaling.enabled):
                 continue
             namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -314,6 +331,63 @@ class Autoscaler:
             if waiting:
                 wait(waiting, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
         self.queries.prune()
+        if diagnosed:
+            self.diagnose_services(diagnosed, now)
+
+    def diagnose_services(self, items: list[tuple[dict, PDInferenceService]], now: float) -> None:
+        """The Serving condition of each service (its own field manager), and an
+        Event when a failure starts or clears."""
+        assert self.diagnosis is not None
+        todo = []
+        for body, svc in items:
+            try:
+                prom = self.prometheus(body["metadata"]["namespace"], svc)
+            except PrometheusAuthError:
+                continue  # MetricsAvailable says why
+            if prom is not None:
+                todo.append((body, svc, (prom, svc.spec.engine.kind, svc.spec.router_kind())))
+        futures = {key: self.diagnosis.submit(key, frozenset()) for _, _, key in todo}
+        if futures:
+            wait(list(futures.values()), timeout=self.query_deadline)
+        for body, svc, key in todo:
+            namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+            self.last_diagnosis[(namespace, name)] = now
+            result = self._result(key, futures[key])
+            spec = svc.spec
+            if result is None:
+                verdict = Verdict("Unknown", "PrometheusUnreachable", f"Prometheus {key[0].url} did not answer")
+            else:
+                from ..render.engines import engine_for
+
+                key_ref = spec.engine.api_key_secret_ref
+                ready = 0
+                for role in ("prefill", "decode"):
+                    sts = self.kube.get("StatefulSet", namespace, child_name(svc, role)) or {}
+                    ready += (sts.get("status") or {}).get("readyReplicas") or 0
+                verdict = diagnose(result.get((namespace, name)), served_name=spec.served_model_name(),
+                                   ready_workers=ready,
+                                   engine=spec.engine.kind, router=key[2], backend=spec.backend(),
+                                   engine_port=engine_for(svc).http_port,
+                                   key_ref=f"Secret {key_ref.name} key {key_ref.key}" if key_ref else None)
+            with LOCKS.get(namespace, name):
+                self._write_serving(body, verdict)
+        self.diagnosis.prune()
+
+    def _write_serving(self, body: dict, verdict: Verdict) -> None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        previous = [c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Serving"]
+        before = previous[0] if previous else {}
+        stamp = now_rfc3339()
+        cond = verdict.condition(body["metadata"].get("generation"))
+        self.kube.patch_status(namespace, name, {"conditions": merge_conditions(previous, [cond], stamp)},
+                               manager=DIAGNOSIS_MANAGER)
+        old = before.get("reason")
+        if verdict.reason != old:
+            if verdict.reason in REASONS:
+                self.event(body, "Warning", verdict.reason, verdict.message[:1000])
+            if old in REASONS:
+                self.event(body, "Normal", "ServingRecovered",
+                           f"{old} cleared: " + (verdict.message if verdict.status == "True" else verdict.reason)[:900])
 
     def _result(self, key: tuple, future: Future) -> dict | None:
         """A query's answer; None (every pool that needs it holds) when it failed or is still running."""
@@ -408,6 +482,22 @@ def prometheus_signals() -> SignalFn:
                 clients.clear()
             clients[prom] = PrometheusSignals(prom.url, token=prom.token)
         return clients[prom].pool(engine, role, quantile, secondaries=sorted(secondaries))
+
+    return fetch
+
+
+def prometheus_diagnosis() -> DiagnosisFn:
+    """The real source of the Serving signals: one PrometheusSignals client per Prometheus."""
+    from ..autoscale.signals import PrometheusSignals
+
+    clients: dict[Prometheus, PrometheusSignals] = {}
+
+    def fetch(prom: Prometheus, engine: str, router: str):
+        if prom not in clients:
+            if len(clients) > 64:
+                clients.clear()
+            clients[prom] = PrometheusSignals(prom.url, token=prom.token)
+        return clients[prom].diagnosis(engine, router)
 
     return fetch
 

@@ -44,8 +44,13 @@ def kube() -> Kube:
 def post_event(body: dict, type_: str, reason: str, message: str) -> None:
     try:
         kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        return
+    except Exception:  # noqa: BLE001 - outside kopf's own tasks (the autoscaler's thread) there is no event queue
+        pass
+    try:
+        kube().create_event(body, type_, reason, message)
     except Exception:  # events are best effort; never fail a reconcile on them
-        logging.getLogger(__name__).debug("event not posted", exc_info=True)
+        logging.getLogger(__name__).warning("event %s not posted", reason, exc_info=True)
 
 
 def reconcile_service(namespace: str, name: str, settle: float = 0.0) -> None:
@@ -135,7 +140,7 @@ AUTOSCALE_TICK_SECONDS = float(os.environ.get("PD_OPERATOR_AUTOSCALE_TICK_SECOND
 
 @kopf.on.startup()
 def start_resync(memo: kopf.Memo, **_) -> None:
-    from .autoscaler import Autoscaler, prometheus_signals, run_forever
+    from .autoscaler import Autoscaler, prometheus_diagnosis, prometheus_signals, run_forever
 
     stop = threading.Event()
     memo["resync_stop"] = stop
@@ -143,7 +148,8 @@ def start_resync(memo: kopf.Memo, **_) -> None:
     threading.Thread(target=every, args=(RESYNC_SECONDS, stop, namespaces, resync, "resync"),
                      kwargs={"health": HEALTH, "max_age": 3 * RESYNC_SECONDS + 600},  # a round reconciles every service
                      name="resync", daemon=True).start()
-    autoscaler = Autoscaler(kube(), prometheus_signals(), post_event, token_urls=STATE.get("token_urls", ()))
+    autoscaler = Autoscaler(kube(), prometheus_signals(), post_event, token_urls=STATE.get("token_urls", ()),
+                            diagnosis=prometheus_diagnosis())
     STATE["autoscaler"] = autoscaler
     threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),
                      name="autoscaler", daemon=True).start()

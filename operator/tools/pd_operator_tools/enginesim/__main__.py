@@ -29,7 +29,9 @@ def sim_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pd_operator_tools.enginesim",
                                 description="simulated vLLM/SGLang engine; give the engine command after --")
     p.add_argument("--bind", help="address to listen on instead of the command's --host (e.g. the pod IP)")
-    p.add_argument("--bind-port", type=int, help="port to listen on instead of the command's --port")
+    p.add_argument("--bind-port", type=int, default=int(os.environ["PDSIM_BIND_PORT"]) if os.environ.get("PDSIM_BIND_PORT") else None,
+                   help="port to listen on instead of the command's --port (default $PDSIM_BIND_PORT: "
+                        "a pod whose engine listens where nobody looks, for the WorkersUnreachable test)")
     p.add_argument("--listen-fd", type=int, help="serve HTTP on this inherited, already listening socket "
                    "(bound to --bind/--bind-port by the caller; connections made before the sim started wait in its backlog)")
     p.add_argument("--efficiency", choices=("fused", "pytorch"), default="fused",
@@ -39,6 +41,10 @@ def sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-fixed-ms", type=float, help="override the fixed cost per transfer, ms")
     p.add_argument("--kv-capacity-tokens", type=int, help="override the KV-cache capacity (tokens)")
     p.add_argument("--default-max-tokens", type=int, default=256, help="tokens generated when a request sets none")
+    p.add_argument("--fail-kv-transfer", type=float, metavar="RATE",
+                   default=float(os.environ.get("PDSIM_FAIL_KV_TRANSFER", "0") or 0),
+                   help="fraction 0..1 of KV transfers into this decode engine that fail (counted in the engine's "
+                        "real failure counter, answered 500); default $PDSIM_FAIL_KV_TRANSFER or 0")
     p.add_argument("--model-shape", choices=sorted(MODELS),
                    help="cost shape for a model name the simulator does not know (default: refuse)")
     return p
@@ -85,6 +91,8 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         bootstrap = None
         metrics = True
         shutdown_timeout = ns.shutdown_timeout or 0
+        connector = kvt.get("kv_connector") if isinstance(kvt, dict) else None
+        max_queued = ns.max_num_queued_reqs
     else:
         model = ns.model_path
         served = [ns.served_model_name or model]
@@ -100,6 +108,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         bootstrap = (ns.disaggregation_bootstrap_port or 8998) if role == "prefill" else None
         metrics = bool(ns.enable_metrics)
         shutdown_timeout = None  # SGLang drains until no request is left
+        connector, max_queued = None, None
     try:
         shape = shape_for(model)
     except KeyError:
@@ -125,6 +134,8 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         default_max_tokens=opts.default_max_tokens,
         shutdown_timeout=shutdown_timeout, listen_fd=opts.listen_fd,
         group=group,
+        kv_connector=connector, max_queued_reqs=max_queued,
+        fail_kv_transfer=max(0.0, min(1.0, opts.fail_kv_transfer)),
     )
 
 

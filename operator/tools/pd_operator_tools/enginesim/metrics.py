@@ -19,6 +19,15 @@ SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
 ``sglang:num_decode_transfer_queue_reqs``; counters
 ``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total``.
 
+Failures (the real engines' names and labels; tests/contract/FACTS.md "Serving diagnosis"):
+vLLM, by KV connector: ``vllm:nixl_num_failed_transfers``, ``vllm:nixl_num_failed_notifications``,
+``vllm:nixl_num_kv_expired_reqs`` (NixlConnector) or ``vllm:mooncake_num_failed_transfers``,
+``vllm:mooncake_num_failed_recvs``, ``vllm:mooncake_num_kv_expired_reqs`` (MooncakeConnector), each
+created at 0 per engine as vLLM does; ``vllm:admission_rejections{model_name, reason}`` for
+``max_num_queued_reqs`` and ``max_num_queued_tokens``, at 0. SGLang:
+``sglang:num_transfer_failed_reqs_total`` and ``sglang:num_bootstrap_failed_reqs_total``, whose
+series appear at the first failure (SGLang calls ``.labels()`` only when it counts one).
+
 Sim-only (for harnesses): ``pdsim_kv_transfer_seconds`` histogram.
 Every sink also keeps the raw samples (bounded) for tests (``samples``).
 """
@@ -55,7 +64,8 @@ class Samples:
 class PromSink(Sink):
     """Sink that exports an engine's observations in its engine's dialect."""
 
-    def __init__(self, flavor: str, served_name: str, role: str, registry: CollectorRegistry | None = None):
+    def __init__(self, flavor: str, served_name: str, role: str, registry: CollectorRegistry | None = None,
+                 kv_connector: str | None = None):
         if flavor not in ("vllm", "sglang"):
             raise ValueError(flavor)
         self.flavor = flavor
@@ -84,6 +94,16 @@ class PromSink(Sink):
             self._g_waiting = Gauge(p + "num_requests_waiting", "Waiting requests", names, registry=r).labels(*lv)
             self._g_kv = Gauge(p + "kv_cache_usage_perc", "KV-cache usage, 0..1", names, registry=r).labels(*lv)
             self._g_extra = {}
+            conn = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}.get(kv_connector or "")
+            self._kv_failed = None
+            if conn:  # KVConnectorPromMetrics: created per engine, so present at 0
+                failed = {"nixl": ("num_failed_transfers", "num_failed_notifications", "num_kv_expired_reqs"),
+                          "mooncake": ("num_failed_transfers", "num_failed_recvs", "num_kv_expired_reqs")}[conn]
+                made = {n: Counter(f"{p}{conn}_{n}", n.replace("_", " "), names, registry=r).labels(*lv) for n in failed}
+                self._kv_failed = made["num_failed_transfers"]
+            rej = Counter(p + "admission_rejections", "Admission attempts rejected by a queue limit, by reason",
+                          ["model_name", "reason"], registry=r)
+            self._rejections = {why: rej.labels(served_name, why) for why in ("max_num_queued_reqs", "max_num_queued_tokens")}
         else:
             names = ["model_name", "engine_type", "tp_rank"]
             lv = (served_name, role, "0")
@@ -105,6 +125,12 @@ class PromSink(Sink):
                 "prealloc": Gauge(p + "num_decode_prealloc_queue_reqs", "Decode requests waiting for KV", names, registry=r).labels(*lv),
                 "transfer": Gauge(p + "num_decode_transfer_queue_reqs", "Decode requests receiving KV", names, registry=r).labels(*lv),
             }
+            # series appear at the first failure (metrics_collector.increment_transfer_failed_reqs)
+            self._sgl_failed = Counter(p + "num_transfer_failed_reqs_total", "The number of transfer failed requests.",
+                                       names, registry=r)
+            Counter(p + "num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.", names, registry=r)
+            self._sgl_lv = lv
+            self._rejections = {}
         self._xfer = Histogram("pdsim_kv_transfer_seconds", "Simulated KV transfer (admission to KV ready)",
                                registry=r, buckets=XFER_BUCKETS)
 
@@ -118,6 +144,18 @@ class PromSink(Sink):
             self._g_extra["prealloc"].set_function(prealloc)
             self._g_extra["transfer"].set_function(lambda: len(engine.transferring))
             self._g_extra["gen_throughput"].set_function(gen_throughput)
+
+    # ---- failures ----------------------------------------------------------------
+    def kv_transfer_failed(self) -> None:
+        if self.flavor == "vllm":
+            if self._kv_failed is not None:
+                self._kv_failed.inc()
+        else:
+            self._sgl_failed.labels(*self._sgl_lv).inc()
+
+    def admission_rejected(self, reason: str) -> None:
+        if reason in self._rejections:
+            self._rejections[reason].inc()
 
     # ---- Sink --------------------------------------------------------------------
     def ttft(self, v: float) -> None:

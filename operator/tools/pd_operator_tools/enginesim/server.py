@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import math
 import time
 import uuid
@@ -116,6 +117,13 @@ class SimConfig:
     listen_fd: Optional[int] = None
     group: Optional[Any] = None  # enginesim.group.Group: a replica over several nodes
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    kv_connector: Optional[str] = None  # vLLM kv_transfer_config.kv_connector
+    # vLLM --max-num-queued-reqs: requests in flight (waiting or running) beyond it get 503
+    # (AsyncLLM admission check, QueueOverflowError). SGLang's --max-queued-requests is
+    # ignored in disaggregation mode (its help text), so it is not simulated.
+    max_queued_reqs: Optional[int] = None
+    # Fault injection (sim only): the fraction of KV transfers into a decode engine that fail
+    fail_kv_transfer: float = 0.0
 
     @property
     def served_name(self) -> str:
@@ -136,7 +144,7 @@ def _err(status: int, message: str, kind: str) -> web.Response:
 class SimServer:
     def __init__(self, cfg: SimConfig):
         self.cfg = cfg
-        self.sink = PromSink(cfg.flavor, cfg.served_name, cfg.role)
+        self.sink = PromSink(cfg.flavor, cfg.served_name, cfg.role, kv_connector=cfg.kv_connector)
         self.engine: Optional[Engine] = None
         self.rooms: dict[int, asyncio.Future] = {}
         self.prealloc = 0
@@ -226,6 +234,13 @@ class SimServer:
             await runner.cleanup()
         if self._session:
             await self._session.close()
+
+    def _kv_fails(self) -> bool:
+        """An injected KV transfer failure (--fail-kv-transfer), counted as the engine counts it."""
+        if self.cfg.fail_kv_transfer > 0 and random.random() < self.cfg.fail_kv_transfer:
+            self.sink.kv_transfer_failed()
+            return True
+        return False
 
     # ---- auth --------------------------------------------------------------------
     @web.middleware
@@ -345,6 +360,11 @@ class SimServer:
         if max_tokens < 1 or max_tokens > room_left:
             return _err(400, f"max_tokens={max_tokens} out of range (1..{room_left})", "BadRequestError")
 
+        if (cfg.flavor == "vllm" and cfg.max_queued_reqs is not None
+                and self.engine.num_running + self.engine.num_waiting + 1 > cfg.max_queued_reqs):
+            self.sink.admission_rejected("max_num_queued_reqs")
+            return _err(503, "The engine is currently busy and cannot accept new requests. "
+                        "Please try again later or on a different instance.", "ServiceUnavailableError")
         req = SimRequest(n_prompt, max_tokens, id=request.headers.get("X-Request-Id") or uuid.uuid4().hex)
         response_kv: Optional[dict] = None
         room: Optional[int] = None
@@ -355,6 +375,8 @@ class SimServer:
                 response_kv = None  # filled when done
             elif isinstance(ktp, dict) and ktp.get("do_remote_prefill") and ktp.get("remote_engine_id"):
                 req.kv_transfer = True
+                if self._kv_fails():  # kv_load_failure_policy "fail": finish_reason error -> GenerationError 500
+                    return _err(500, "Internal server error", "InternalServerError")
         else:
             room = body.get("bootstrap_room")
             if isinstance(room, list):
@@ -373,6 +395,9 @@ class SimServer:
                 finally:
                     self.prealloc -= 1
                 req.kv_transfer = True
+                if self._kv_fails():  # decode.py: prepare_abort(..., INTERNAL_SERVER_ERROR)
+                    return _err(500, f"KV transfer failed for request rank=0 req.rid={req.id} bootstrap_room={room}",
+                                "InternalServerError")
 
         tokens: asyncio.Queue = asyncio.Queue()
         req.on_token = lambda r, t: tokens.put_nowait(r.generated)

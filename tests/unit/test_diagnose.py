@@ -1,0 +1,150 @@
+"""The Serving condition (autoscale/diagnose.py and the autoscaler loop that writes it).
+
+Series as the pinned routers and engines export them (tests/contract/FACTS.md,
+"Serving diagnosis"); one query per signal covers every service."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_operator.autoscale.diagnose import Signals, diagnose, diagnosis_queries, merge, signals_by_service
+from pd_operator.controller.autoscaler import Autoscaler
+from pd_operator.controller.kube import DIAGNOSIS_MANAGER
+
+from .test_autoscaler_loop import FakeKube, Signals as LatencySignals, body
+
+VLLM = dict(served_name="qwen3-8b", engine="vllm", router="vllm-router")
+SGL = dict(served_name="qwen3-8b", engine="sglang", router="sglang-router")
+HEALTHY = dict(workers=2, healthy=2, unhealthy=None, worker_errors=0, requests=100, kv_failures=0, overload=0)
+
+
+def vec(by_service: dict):
+    return [{"metric": {"namespace": ns, "pdserving_io_service": svc}, "value": [0, str(v)]}
+            for (ns, svc), v in by_service.items()]
+
+
+def test_queries_are_grouped_by_service_one_per_signal():
+    for engine, router in (("vllm", "vllm-router"), ("sglang", "sglang-router")):
+        qs = diagnosis_queries(engine, router)
+        for q in qs.values():
+            for promql in q.promql:
+                assert "by (namespace, pdserving_io_service" in promql, promql
+                assert "pdserving_io_service=" not in promql  # never one query per service
+                assert "__name__" not in promql  # increase() of several names clashes (Prometheus 422)
+    text = lambda e, r, s: " ".join(diagnosis_queries(e, r)[s].promql)  # noqa: E731
+    assert "increase(vllm:nixl_num_failed_transfers_total[1m])" in text("vllm", "vllm-router", "kv_failures")
+    assert "increase(sglang:num_transfer_failed_reqs_total[1m])" in text("sglang", "sglang-router", "kv_failures")
+    assert "smg_worker_health" in text("sglang", "sglang-router", "unhealthy")
+    assert "vllm:admission_rejections_total" in text("vllm", "vllm-router", "overload")
+
+
+def test_a_signal_of_several_metrics_is_summed_per_service():
+    a = vec({("ns", "x"): 2, ("ns", "y"): 1})
+    b = vec({("ns", "x"): 3})
+    got = {(s["metric"]["pdserving_io_service"]): float(s["value"][1]) for s in merge([a, b])}
+    assert got == {"x": 5.0, "y": 1.0}
+
+
+def test_results_split_by_service_and_model():
+    sig = signals_by_service({
+        "workers": [{"metric": {"namespace": "a", "pdserving_io_service": "s"}, "value": [0, "2"]}],
+        "worker_errors": [{"metric": {"namespace": "a", "pdserving_io_service": "s"}, "value": [0, "NaN"]}],
+        "models": [{"metric": {"namespace": "a", "pdserving_io_service": "s", "model": "gpt-4"}, "value": [0, "7"]},
+                   {"metric": {"namespace": "b", "pdserving_io_service": "t", "model": "x"}, "value": [0, "1"]}],
+    })
+    assert sig[("a", "s")].workers == 2 and sig[("a", "s")].worker_errors is None
+    assert sig[("a", "s")].models == {"gpt-4": 7.0} and sig[("b", "t")].models == {"x": 1.0}
+
+
+@pytest.mark.parametrize("kind,signals,reason,words", [
+    (VLLM, dict(HEALTHY, unhealthy=1, worker_errors=30), "WorkersUnreachable", ["1/2 workers", "port 8000", "NO_PROXY"]),
+    # sglang-router drops a worker it cannot reach at startup: fewer healthy workers than ready pods
+    (SGL, dict(HEALTHY, workers=1, healthy=1), "WorkersUnreachable", ["1 healthy worker(s) for the 2 ready"]),
+    (VLLM, dict(HEALTHY, worker_errors=12, kv_failures=12), "KVTransferFailing", ["12 failed", "NIXL"]),
+    (VLLM, dict(HEALTHY, worker_errors=5, overload=5), "Overloaded", ["5 requests", "queue limit", "--max-num-queued-reqs", "replicas"]),
+    (SGL, dict(HEALTHY, models={"qwen3-8b": 90, "gpt-4o": 10}, not_found=10), "UnknownModelRequested",
+     ["'gpt-4o' (10)", '"model": "qwen3-8b"']),
+    (SGL, dict(HEALTHY, worker_errors=20), "EngineAuthRejected", ["refused 20 of 100", "401", "same key"]),
+    (VLLM, dict(HEALTHY, worker_errors=20), "EngineAuthRejected", ["401", "404", "qwen3-8b"]),
+    (VLLM, HEALTHY, "Serving", ["2 workers healthy"]),
+])
+def test_verdicts(kind, signals, reason, words):
+    v = diagnose(Signals(**signals), backend="nixl", engine_port=8000, ready_workers=2, **kind)
+    assert v.reason == reason, v
+    assert v.status == ("True" if reason == "Serving" else "False")
+    for w in words:
+        assert w in v.message, (w, v.message)
+
+
+def test_no_series_is_unknown_not_serving():
+    assert diagnose(None, **VLLM).status == "Unknown"
+    assert diagnose(Signals(), **VLLM).reason == "NoData"
+
+
+LOOP = dict(HEALTHY, workers=10, healthy=10)  # whatever the fake pools scale to
+
+
+class Diagnosis:
+    def __init__(self, signals: Signals):
+        self.signals, self.calls = signals, []
+
+    def __call__(self, prom, engine, router):
+        self.calls.append((prom.url, engine, router))
+        return {("ns", "svc"): self.signals}
+
+
+class Kube(FakeKube):
+    def __init__(self):
+        super().__init__()
+        self.applied: dict[str, dict] = {}
+
+    def patch_status(self, namespace, name, patch, manager=None):
+        self.applied[manager] = patch
+        super().patch_status(namespace, name, patch, manager)
+
+
+def test_loop_writes_serving_with_its_own_manager_and_events_on_start_and_end():
+    kube, events = Kube(), []
+    diag = Diagnosis(Signals(**dict(LOOP, worker_errors=40)))
+    scaler = Autoscaler(kube, LatencySignals(), lambda b, t, r, m: r != "Autoscaled" and events.append((t, r, m)), diagnosis=diag)
+    b = body()
+    scaler.run_once([b], force=True)
+    assert diag.calls == [("http://prometheus.monitoring:9090", "vllm", "vllm-router")]
+    serving = kube.applied[DIAGNOSIS_MANAGER]["conditions"]
+    assert [c["type"] for c in serving] == ["Serving"]  # only its own condition: the autoscaler's stay its own
+    assert serving[0]["reason"] == "EngineAuthRejected" and serving[0]["status"] == "False"
+    assert [(t, r) for t, r, _ in events] == [("Warning", "EngineAuthRejected")]
+
+    # same failure next round: no new Event
+    b["status"] = {"conditions": serving}
+    scaler.run_once([b], force=True)
+    assert [(t, r) for t, r, _ in events] == [("Warning", "EngineAuthRejected")]
+
+    # fixed: Serving True, an Event says it cleared
+    diag.signals = Signals(**LOOP)
+    scaler.run_once([b], force=True)
+    assert kube.applied[DIAGNOSIS_MANAGER]["conditions"][0]["status"] == "True"
+    assert events[-1][:2] == ("Normal", "ServingRecovered") and "EngineAuthRejected cleared" in events[-1][2]
+
+
+def test_services_without_autoscaling_are_diagnosed_too():
+    kube = Kube()
+    b = body()
+    for role in ("prefill", "decode"):
+        b["spec"][role]["autoscaling"]["enabled"] = False
+    diag = Diagnosis(Signals(**dict(LOOP, kv_failures=3)))
+    Autoscaler(kube, LatencySignals(), lambda *a: None, diagnosis=diag).run_once([b], force=True)
+    assert kube.applied[DIAGNOSIS_MANAGER]["conditions"][0]["reason"] == "KVTransferFailing"
+
+
+def test_prometheus_down_is_unknown_and_no_event():
+    kube, events = Kube(), []
+
+    def down(prom, engine, router):
+        raise ConnectionError("refused")
+
+    Autoscaler(kube, LatencySignals(), lambda b, t, r, m: r != "Autoscaled" and events.append(r),
+               diagnosis=down).run_once([body()], force=True)
+    (cond,) = kube.applied[DIAGNOSIS_MANAGER]["conditions"]
+    assert (cond["status"], cond["reason"]) == ("Unknown", "PrometheusUnreachable")
+    assert events == []
