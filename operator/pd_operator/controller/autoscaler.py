@@ -408,7 +408,7 @@ def prometheus_signals() -> SignalFn:
 
 
 def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop: threading.Event, tick: float = 5.0,
-                health: Health = HEALTH, max_age: float | None = None) -> None:
+                health: Health = HEALTH, max_age: float | None = None, active: threading.Event | None = None) -> None:
     """Every ``tick`` seconds, decide the services whose interval has passed.
 
     Liveness (controller/health.py) follows this loop: a turn that takes far
@@ -416,5 +416,9 @@ def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop:
     ``/healthz`` to 503."""
     if max_age is None:
         max_age = 3 * (tick + autoscaler.query_deadline) + 60
-    every(tick, stop, namespaces, lambda ns: autoscaler.run_once(kube.list_services(ns)), "autoscaler",
+    def round_(ns: str | None) -> None:
+        if active is None or active.is_set():  # only the replica holding the lease decides
+            autoscaler.run_once(kube.list_services(ns))
+
+    every(tick, stop, namespaces, round_, "autoscaler",
           health=health, max_age=max_age)

@@ -106,15 +106,17 @@ class Kube:
         return (nodes or {}).get("items", []), (pods or {}).get("items", [])
 
     # -- writes ------------------------------------------------------------------
-    def apply(self, obj: dict, manager: str = FIELD_MANAGER) -> dict:
-        """Server-side apply with one of the operator's field managers."""
+    def apply(self, obj: dict, manager: str = FIELD_MANAGER, dry_run: bool = False) -> dict:
+        """Server-side apply with one of the operator's field managers
+        (``dry_run``: validated and admitted by the API server, nothing stored)."""
         api_version, plural = KINDS[obj["kind"]]
         meta = obj["metadata"]
+        query = [("fieldManager", manager), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
         return self._call(
             "PATCH",
             _path(api_version, plural, meta["namespace"], meta["name"]),
             body=obj,
-            query=[("fieldManager", manager), ("force", "true")],
+            query=query,
             content_type="application/apply-patch+yaml",
         )
 
@@ -207,3 +209,18 @@ class Kube:
         if key not in data:
             return f"Secret {namespace}/{name} has no key {key!r} (it has: {', '.join(sorted(data)) or 'none'})"
         return None
+
+
+def refusal(err: ApiException) -> tuple[str, list[tuple[str, str]]]:
+    """The API server's answer to a refused write: (message, [(field path, what is wrong)]).
+
+    A 422 Invalid names each field in ``details.causes``; other refusals
+    (400 BadRequest, 403 from an admission plugin) carry only a message."""
+    try:
+        status = json.loads(err.body or "{}")
+    except ValueError:
+        return str(err.body or err.reason)[:500], []
+    message = status.get("message") or str(err.reason)
+    causes = [(c.get("field") or "", c.get("message") or c.get("reason") or "")
+              for c in ((status.get("details") or {}).get("causes") or [])]
+    return message, causes
