@@ -44,7 +44,7 @@ class LeaderElector:
         self.duration, self.renew, self.clock = duration, renew, clock
         self.on_change = on_change
         self.leading = threading.Event()
-        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed: tuple[str, str, str] | None = None  # (holder, renewTime, resourceVersion) last seen
         self._observed_at = 0.0
         self._last_renewed = 0.0
 
@@ -89,7 +89,7 @@ class LeaderElector:
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        seen = (holder, spec.get("renewTime") or "")
+        seen = (holder, spec.get("renewTime") or "", (lease.get("metadata") or {}).get("resourceVersion") or "")
         if seen != self._observed:
             self._observed, self._observed_at = seen, now
         if holder and holder != self.identity and now - self._observed_at < self.duration:
@@ -103,7 +103,7 @@ class LeaderElector:
         except ApiException as err:
             return self._failed(now, err)
         self._last_renewed = now
-        self._observed = (self.identity, lease["spec"]["renewTime"])
+        self._observed = None  # the next read sees our own write as a change
         self._observed_at = now
         self._set(True)
         return True
