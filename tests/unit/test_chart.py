@@ -142,7 +142,7 @@ def test_helm_lint_clean(sets):
 def test_schema_refuses_bad_values():
     r = helm("template", "x", str(CHART), "--set", "rbac.scope=everything", check=False)
     assert r.returncode != 0 and "rbac" in r.stderr
-    r = helm("template", "x", str(CHART), "--set", "replicas=3", check=False)
+    r = helm("template", "x", str(CHART), "--set", "replicas=9", check=False)
     assert r.returncode != 0 and "replicas" in r.stderr
     r = helm("template", "x", str(CHART), "--set", "rbac.secretRead=true", check=False)  # a typo
     assert r.returncode != 0
@@ -164,11 +164,43 @@ def test_deployment_is_locked_down():
         assert c[probe]["httpGet"]["path"] == "/healthz"
     assert c["image"] == "ghcr.io/pd-operator/pd-operator:0.1.0"
     assert c["args"][0] == "--all-namespaces" and "--metrics-port=9090" in c["args"]
-    assert deploy["spec"]["strategy"]["type"] == "Recreate"
     assert pod["serviceAccountName"] == "pd-operator"
     (svc,) = by_kind(docs, "Service")
     assert svc["spec"]["ports"][0]["port"] == 9090
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
+
+
+@needs_helm
+def test_two_replicas_by_default_one_writer_by_lease():
+    """Issue 15: the default install survives a node drain and a rolling upgrade."""
+    docs = template()
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    # the new pod is up (caches warm) before the old one stops and releases the Lease
+    assert deploy["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod = deploy["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    args = pod["containers"][0]["args"]
+    assert "--lease-duration=15" in args and "--lease-renew=5" in args and "--no-leader-elect" not in args
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"] == deploy["spec"]["selector"]
+    # the Lease: in the release namespace, get/patch of that one Lease only (no update: a conditional merge patch)
+    for verb in ("create", "get", "patch"):
+        assert _can(docs, verb, "coordination.k8s.io", "leases", "pd-operator-system"), verb
+        assert not _can(docs, verb, "coordination.k8s.io", "leases", "kube-system"), verb
+    (lease_role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "pd-operator-leader"]
+    assert all(r.get("resourceNames") == ["pd-operator-leader"] for r in lease_role["rules"] if r["verbs"] != ["create"])
+    # one replica without a Lease still works (no PDB, Recreate); two without one would both write
+    docs = template("replicas=1", "leaderElection.enabled=false")
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["strategy"]["type"] == "Recreate" and not by_kind(docs, "PodDisruptionBudget")
+    assert "--no-leader-elect" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    r = helm("template", "x", str(CHART), "--set", "leaderElection.enabled=false", check=False)
+    assert r.returncode != 0 and "leaderElection.enabled" in r.stderr
 
 
 def _rules(docs):
@@ -205,16 +237,21 @@ def test_rbac_is_least_privilege(sets):
     if "rbac.scope=namespace" in sets:
         assert not clusterroles and not [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == "pd-operator"]
         namespaces = ["a", "b"] if "watchNamespaces={a,b}" in sets else ["pd-operator-system"]
-        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == namespaces
-        assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == namespaces
+        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role") if not _leader(r)) == namespaces
+        assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding") if not _leader(b)) == namespaces
         (deploy,) = by_kind(docs, "Deployment")
         assert [a for a in deploy["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--namespace")] \
             == [f"--namespace={n}" for n in namespaces]
     elif "watchNamespaces={a,b}" in sets:
         assert list(clusterroles) == ["pd-operator"]
-        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["a", "b"]
+        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role") if not _leader(r)) == ["a", "b"]
     else:
-        assert list(clusterroles) == ["pd-operator"] and not by_kind(docs, "Role")
+        assert list(clusterroles) == ["pd-operator"] and not [r for r in by_kind(docs, "Role") if not _leader(r)]
+
+
+def _leader(obj: dict) -> bool:
+    """The leader-election Role and its binding (release namespace, leases only)."""
+    return obj["metadata"]["name"] == "pd-operator-leader"
 
 
 def _can(docs: list[dict], verb: str, group: str, resource: str, namespace: str | None,

@@ -222,7 +222,7 @@ class LeaseApi:
         api = self
 
         class Client:
-            def _call(self, method, path, body=None, **_):
+            def _call(self, method, path, body=None, **kw):
                 if who in api.down:
                     raise ConnectionError("unreachable")
                 if method == "GET":
@@ -232,10 +232,16 @@ class LeaseApi:
                 if method == "POST":
                     if api.lease is not None:
                         raise ApiException(status=409, reason="Conflict")
-                elif body["metadata"].get("resourceVersion") != str(api.rv):
-                    raise ApiException(status=409, reason="Conflict", body=json.dumps({"reason": "Conflict"}))
+                    new = copy.deepcopy(body)
+                else:  # a merge patch; its resourceVersion is a precondition
+                    assert method == "PATCH" and kw.get("content_type") == "application/merge-patch+json"
+                    if body["metadata"].get("resourceVersion") != str(api.rv):
+                        raise ApiException(status=409, reason="Conflict", body=json.dumps({"reason": "Conflict"}))
+                    new = copy.deepcopy(api.lease)
+                    new["spec"].update(body["spec"])
                 api.rv += 1
-                api.lease = {**copy.deepcopy(body), "metadata": {**body["metadata"], "resourceVersion": str(api.rv)}}
+                new["metadata"]["resourceVersion"] = str(api.rv)
+                api.lease = new
                 return copy.deepcopy(api.lease)
 
         return Client()

@@ -97,9 +97,9 @@ class LeaderElector:
             return False
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
         acquire = spec.get("acquireTime") if holder == self.identity else None
-        lease["spec"] = self._record(self.identity, transitions, acquire)
-        try:  # resourceVersion in the body: of two replicas taking over at once, one wins (409 for the other)
-            self.kube._call("PUT", self.path, body=lease)
+        record = self._record(self.identity, transitions, acquire)
+        try:  # resourceVersion in the patch is a precondition: of two replicas taking over at once, one wins (409)
+            self._patch(lease, record)
         except ApiException as err:
             return self._failed(now, err)
         self._last_renewed = now
@@ -107,6 +107,11 @@ class LeaderElector:
         self._observed_at = now
         self._set(True)
         return True
+
+    def _patch(self, lease: dict, spec: dict) -> None:
+        """A merge patch (RBAC: patch, no update) conditional on the version read."""
+        body = {"metadata": {"resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}, "spec": spec}
+        self.kube._call("PATCH", self.path, body=body, content_type="application/merge-patch+json")
 
     def _failed(self, now: float, err: Exception) -> bool:
         if self.leading.is_set() and now - self._last_renewed >= self.duration - self.renew:
@@ -124,8 +129,7 @@ class LeaderElector:
         try:
             lease = self.kube._call("GET", self.path)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                lease["spec"]["holderIdentity"] = ""
-                self.kube._call("PUT", self.path, body=lease)
+                self._patch(lease, {"holderIdentity": ""})
         except Exception as err:  # noqa: BLE001 - the lease then expires by itself
             log.warning("could not release the lease: %s", err)
 

@@ -155,14 +155,42 @@ class Autoscaling(_M):
                     "rbac.secretReads says (a spec cannot make the operator hand a Secret to a URL of its choosing).")
 
 
+class LeaderElection(_M):
+    """Leader election among the operator replicas."""
+
+    enabled: bool = Field(True, description="Hold a Lease to be the one replica that writes. false: only with "
+                                            "replicas 0 or 1.")
+    lease_duration_seconds: int = Field(15, ge=5, le=300, alias="leaseDurationSeconds",
+                                        description="Seconds without renewal after which a standby takes over "
+                                                    "(after a crash; a clean stop releases the Lease at once).")
+    renew_seconds: int = Field(5, ge=1, le=100, alias="renewSeconds",
+                               description="Seconds between the leader's renewals (and a standby's checks); below "
+                                           "leaseDurationSeconds.")
+
+
+class PodDisruptionBudget(_M):
+    """Keeps a voluntary disruption (a node drain) from stopping every replica at once."""
+
+    enabled: bool = Field(True, description="Create it when replicas > 1 (maxUnavailable 1).")
+
+
 class Values(_M):
     """pd-operator chart values."""
 
     image: Image = Field(default_factory=Image, description="Operator image.")
     image_pull_secrets: list[dict[str, str]] = Field(default_factory=list, alias="imagePullSecrets",
                                                      description="Pull secrets, e.g. [{name: regcred}].")
-    replicas: int = Field(1, ge=0, le=1, description="Operator replicas: 0 or 1 (one active reconciler; "
-                                                     "no leader election).")
+    replicas: int = Field(2, ge=0, le=5, description="Operator replicas. One holds the leader Lease and writes; "
+                                                     "the others watch (warm caches) and take over within "
+                                                     "leaderElection.leaseDurationSeconds. More than 1 needs "
+                                                     "leaderElection.enabled.")
+    leader_election: LeaderElection = Field(default_factory=LeaderElection, alias="leaderElection",
+                                            description="Leader election (a coordination.k8s.io Lease in the "
+                                                        "release namespace).")
+    pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget,
+                                                       alias="podDisruptionBudget",
+                                                       description="PodDisruptionBudget of the operator pods "
+                                                                   "(with replicas > 1).")
     watch_namespaces: list[str] = Field(
         default_factory=list, alias="watchNamespaces",
         description="Namespaces to serve, e.g. [team-a, team-b]: the operator writes only there (a Role in "
@@ -187,7 +215,8 @@ class Values(_M):
     pod_labels: dict[str, str] = Field(default_factory=dict, alias="podLabels", description="Extra operator pod labels.")
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", description="Operator pod nodeSelector.")
     tolerations: list[dict] = Field(default_factory=list, description="Operator pod tolerations.")
-    affinity: dict = Field(default_factory=dict, description="Operator pod affinity.")
+    affinity: dict = Field(default_factory=dict, description="Operator pod affinity. Empty: the replicas prefer "
+                                                             "different nodes (podAntiAffinity on the hostname).")
     priority_class_name: str = Field("", alias="priorityClassName", description="Operator pod priorityClassName.")
     global_: dict = Field(default_factory=dict, alias="global", description="Helm global values (unused; allowed for parent charts).")
 
