@@ -51,7 +51,16 @@ def test_every_malformed_spec_is_refused_or_creates_nothing(kube_cluster, crd, n
                     out[name] = c
             return out if len(out) == len(admitted) else None
 
-        statuses = wait_for(reported, 300, f"all {len(admitted)} admitted malformed services reported", interval=2)
+        try:
+            statuses = wait_for(reported, 240, f"all {len(admitted)} admitted malformed services reported", interval=2)
+        except AssertionError:
+            items = custom_objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+            for obj in items:
+                c = condition(obj, "Ready")
+                if obj["metadata"]["name"] in admitted and not (c and c["reason"] == "InvalidSpec"):
+                    print("NOT REPORTED", admitted[obj["metadata"]["name"]], c)
+            print(log.read_text()[-5000:])
+            raise
         # nothing half-created: no child of any malformed service exists
         leftovers = collections.Counter()
         for kind, api_version, plural in CHILD_KINDS:

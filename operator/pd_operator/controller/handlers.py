@@ -53,8 +53,10 @@ def kube() -> CachedKube:
 
 
 def post_event(body: dict, type_: str, reason: str, message: str) -> None:
+    """An Event on the service (reconciles run on the queue's threads, outside
+    kopf's handler context, so this posts it itself)."""
     try:
-        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        kube().post_event(body, type_, reason, message)
     except Exception:  # events are best effort; never fail a reconcile on them
         logging.getLogger(__name__).debug("event not posted", exc_info=True)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client
@@ -146,6 +147,21 @@ class Kube:
                     self.delete(kind, namespace, key[1])
                     removed.append(key)
         return removed
+
+    def post_event(self, body: dict, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``body`` (what ``kubectl describe`` lists)."""
+        meta = body["metadata"]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": body.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": body.get("kind", KIND),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
 
     # -- the custom resource ---------------------------------------------------------
     def get_service(self, namespace: str, name: str) -> dict | None:

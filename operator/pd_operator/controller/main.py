@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="namespace of the Lease (default: $POD_NAMESPACE, else the first --namespace, else default)")
     p.add_argument("--lease-duration", type=float, default=15.0, help="seconds without renewal before a standby takes over")
     p.add_argument("--lease-renew", type=float, default=5.0, help="seconds between renewals (and a standby's checks)")
+    p.add_argument("--webhook-port", type=int, default=0,
+                   help="serve the validating admission webhook (HTTPS, path /validate) on this port (0: off)")
+    p.add_argument("--webhook-cert", default="/etc/pd-operator/webhook/tls.crt", help="the webhook's TLS certificate")
+    p.add_argument("--webhook-key", default="/etc/pd-operator/webhook/tls.key", help="the webhook's TLS key")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -60,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
+    if args.webhook_port:
+        from .webhook import serve as serve_webhook
+
+        serve_webhook(args.bind, args.webhook_port, args.webhook_cert, args.webhook_key)
     if args.liveness_port:
         # /healthz follows the operator's own loops (controller/health.py): 503
         # when the autoscaler or the resync stops making progress.
