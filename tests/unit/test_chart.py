@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -165,7 +166,7 @@ def test_deployment_is_locked_down():
     assert c["image"] == "ghcr.io/pd-operator/pd-operator:0.1.0"
     assert c["args"][0] == "--all-namespaces" and "--metrics-port=9090" in c["args"]
     assert pod["serviceAccountName"] == "pd-operator"
-    (svc,) = by_kind(docs, "Service")
+    (svc,) = [d for d in by_kind(docs, "Service") if not d["metadata"]["name"].endswith("-webhook")]
     assert svc["spec"]["ports"][0]["port"] == 9090
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
 
@@ -201,6 +202,46 @@ def test_two_replicas_by_default_one_writer_by_lease():
     assert "--no-leader-elect" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     r = helm("template", "x", str(CHART), "--set", "leaderElection.enabled=false", check=False)
     assert r.returncode != 0 and "leaderElection.enabled" in r.stderr
+
+
+@needs_helm
+def test_the_admission_webhook_is_wired_and_never_blocks_the_cluster():
+    """Issue 15: kubectl apply gets the operator's answer at once; an operator
+    that is down blocks nothing (failurePolicy Ignore)."""
+    import base64
+    import tempfile
+
+    docs = template()
+    (cfg,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    (hook,) = cfg["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["rules"] == [{"apiGroups": ["pdserving.io"], "apiVersions": ["v1alpha1"],
+                              "resources": ["pdinferenceservices"], "operations": ["CREATE", "UPDATE"],
+                              "scope": "Namespaced"}]
+    ref = hook["clientConfig"]["service"]
+    assert ref["path"] == "/validate"
+    (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"] == ref["name"]]
+    (deploy,) = by_kind(docs, "Deployment")
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    c = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert "--webhook-port=9443" in c["args"] and {"name": "webhook", "containerPort": 9443} in c["ports"]
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    assert secret["data"]["ca.crt"] == hook["clientConfig"]["caBundle"]
+    # the serving certificate names the Service and is signed by the CA the API server is given
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in ("tls.crt", "ca.crt"):
+            (Path(tmp) / k).write_bytes(base64.b64decode(secret["data"][k]))
+        r = subprocess.run(["openssl", "verify", "-CAfile", f"{tmp}/ca.crt", f"{tmp}/tls.crt"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run(["openssl", "x509", "-in", f"{tmp}/tls.crt", "-noout", "-ext", "subjectAltName"],
+                           capture_output=True, text=True)
+        assert f"DNS:{ref['name']}.pd-operator-system.svc" in r.stdout, r.stdout
+    # served namespaces only, when there is a list
+    docs = template("watchNamespaces={a,b}")
+    (cfg,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    assert cfg["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["a", "b"]
+    assert not [d for d in yaml.safe_load_all((ROOT / "manifests" / "install.yaml").read_text())
+                if d and d["kind"] == "ValidatingWebhookConfiguration"]  # kubectl install: no certificate to give it
 
 
 def _rules(docs):
