@@ -161,6 +161,9 @@ def start_loops(memo: kopf.Memo, **_) -> None:
     else:
 
         def changed(leading: bool) -> None:
+            from . import metrics
+
+            metrics.LEADER.set(1 if leading else 0)
             if leading:
                 ACTIVE.set()
                 for body in CACHE.select(SERVICE_KIND, None, {}):  # take over: look at every service once

@@ -61,6 +61,9 @@ class Kube:
             method=method, resource_path=path, query_params=query or [], header_params=headers,
             body=body, auth_settings=["BearerToken"],
         )
+        from . import metrics
+
+        metrics.API_REQUESTS.labels(method).inc()
         resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
         raw = resp.read()
         if not 200 <= resp.status <= 299:
