@@ -143,3 +143,20 @@ def test_replicas_are_written_only_when_they_differ(autoscaled):
     run(api)
     # before: a pool with spec.replicas had its replicas applied at every reconcile
     assert [c for c in api.calls if c[0] == "apply_replicas"] == []
+
+
+def test_the_autoscalers_part_of_status_does_not_make_the_reconciler_write_status_again():
+    """Conditions and pool fields the autoscaler owns live beside the
+    reconciler's (server-side apply): an idle reconcile of an autoscaled
+    service must not see them as a change of its own status."""
+    api = FakeApi()
+    add_service(api, decode={"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4}})
+    run(api)
+    status = api.services[(NS, "svc")]["status"]
+    status["conditions"].append({"type": "AutoscalingActive", "status": "True", "reason": "Deciding", "message": "m"})
+    status["decode"]["autoscaler"] = {"recommendations": [[1.0, 1]], "changes": []}
+    status["metrics"] = {"observedAt": "2026-01-01T00:00:00Z"}
+    api.calls.clear()
+    run(api)
+    # before: every reconcile of an autoscaled service wrote status again
+    assert [c for c in api.calls if c[0] == "patch_status"] == []

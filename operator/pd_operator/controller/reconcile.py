@@ -330,7 +330,19 @@ def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict]) -> tuple[l
 
 
 def _changed(previous: dict, status: dict) -> bool:
-    return any(previous.get(k) != v for k, v in status.items())
+    """Whether writing ``status`` would change what is there. Only this
+    writer's part counts: the autoscaler's conditions and pool fields live
+    beside it (server-side apply keeps both), so they are left out of the comparison."""
+    for key, value in status.items():
+        before = previous.get(key)
+        if key == "conditions" and isinstance(before, list):
+            mine = {c.get("type") for c in value}
+            before = [c for c in before if c.get("type") in mine]
+        elif isinstance(value, dict) and isinstance(before, dict):
+            before = {k: v for k, v in before.items() if k in value}
+        if before != value:
+            return True
+    return False
 
 
 def _api_message(err: ApiException) -> str:
