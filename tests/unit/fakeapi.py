@@ -20,6 +20,25 @@ from pd_operator.controller.kube import FIELD_MANAGER, REPLICAS_MANAGER
 WRITES = ("apply", "apply_replicas", "delete", "patch_status")
 
 
+def leaves(obj, prefix: str = "") -> dict[str, object]:
+    """Field path -> value of every leaf (the fake's stand-in for fieldsV1)."""
+    out: dict[str, object] = {}
+    if isinstance(obj, dict) and obj:
+        for k, v in obj.items():
+            out.update(leaves(v, f"{prefix}.{k}" if prefix else k))
+    elif isinstance(obj, list) and obj:
+        for i, v in enumerate(obj):
+            out.update(leaves(v, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = obj
+    return out
+
+
+def owned(obj: dict) -> list[str]:
+    return sorted(k for k in leaves({k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")})
+                  if not k.startswith(("metadata.managedFields", "metadata.resourceVersion")))
+
+
 def invalid(kind: str, name: str, causes: list[tuple[str, str]]) -> ApiException:
     body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
             "message": f'{kind} "{name}" is invalid: ' + ", ".join(f"{f}: {m}" for f, m in causes),
@@ -53,11 +72,19 @@ class FakeApi:
     def writes(self) -> list[tuple[str, str]]:
         return [c for c in self.calls if c[0] in WRITES]
 
-    def _stamp(self, obj: dict, manager: str, operation: str, subresource: str = "") -> None:
+    def _stamp(self, obj: dict, manager: str, operation: str, subresource: str = "", fields: list[str] = ()) -> None:
+        """Record a write: ``fields`` move to ``manager`` (taken from whoever had them)."""
         meta = obj.setdefault("metadata", {})
-        entries = [e for e in meta.get("managedFields") or []
-                   if not (e["manager"] == manager and e.get("subresource", "") == subresource)]
-        entry = {"manager": manager, "operation": operation, "time": self.now()}
+        taken = set(fields)
+        entries = []
+        for e in meta.get("managedFields") or []:
+            if e["manager"] == manager and e.get("subresource", "") == subresource:
+                taken |= set(e["fieldsV1"]) if operation == "Update" else set()
+                continue
+            e = {**e, "fieldsV1": [f for f in e.get("fieldsV1", []) if f not in set(fields)]}
+            if e["fieldsV1"]:
+                entries.append(e)
+        entry = {"manager": manager, "operation": operation, "time": self.now(), "fieldsV1": sorted(taken)}
         if subresource:
             entry["subresource"] = subresource
         meta["managedFields"] = entries + [entry]
@@ -114,7 +141,7 @@ class FakeApi:
             if "status" in old:
                 new["status"] = old["status"]
             new["metadata"]["managedFields"] = old["metadata"].get("managedFields") or []
-        self._stamp(new, manager, "Apply")
+        self._stamp(new, manager, "Apply", fields=owned(obj))
         self.objects[key] = new
         return copy.deepcopy(new)
 
@@ -122,7 +149,7 @@ class FakeApi:
         self.calls.append(("apply_replicas", kind))
         obj = self.objects[(kind, namespace, name)]
         obj["spec"]["replicas"] = replicas
-        self._stamp(obj, REPLICAS_MANAGER, "Apply")
+        self._stamp(obj, REPLICAS_MANAGER, "Apply", fields=["spec.replicas"])
         return copy.deepcopy(obj)
 
     def delete(self, kind, namespace, name):
@@ -150,5 +177,9 @@ class FakeApi:
     def edit(self, kind, namespace, name, change, manager="kubectl-edit", subresource=""):
         """A write by another client (a person, a cluster controller)."""
         obj = self.objects[(kind, namespace, name)]
+        before = leaves(copy.deepcopy(obj))
         change(obj)
-        self._stamp(obj, manager, "Update", subresource)
+        after = leaves(obj)
+        changed = [k for k in set(before) | set(after) if before.get(k) != after.get(k)
+                   and not k.startswith("metadata.managedFields")]
+        self._stamp(obj, manager, "Update", subresource, fields=changed)

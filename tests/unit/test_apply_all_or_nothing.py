@@ -123,6 +123,33 @@ def test_a_hand_edit_is_restored_and_a_controller_status_write_is_not_mistaken_f
     assert api.objects[key]["spec"]["template"]["spec"]["containers"][0]["image"] == rendered_image
 
 
+def test_someone_elses_annotation_is_left_alone_and_costs_no_write():
+    api = FakeApi()
+    add_service(api)
+    run(api)
+    key = ("StatefulSet", NS, "svc-decode")
+
+    def annotate(o):
+        o["metadata"].setdefault("annotations", {})["team.example/owner"] = "alice"
+
+    api.edit(*key, annotate, manager="kubectl-annotate")
+    for _ in range(2):
+        api.calls.clear()
+        run(api)
+        # a field the operator does not own: nothing to restore, so no write at every reconcile
+        assert [c for c in api.calls if c[0] == "apply"] == []
+    assert api.objects[key]["metadata"]["annotations"]["team.example/owner"] == "alice"
+
+    def hand_edit(o):
+        o["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 42
+
+    api.edit(*key, hand_edit, manager="kubectl-patch")
+    api.calls.clear()
+    run(api)
+    assert [c for c in api.calls if c[0] == "apply"] == [("apply", "StatefulSet")]
+    assert api.objects[key]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600
+
+
 def test_a_child_deleted_by_hand_is_created_again():
     api = FakeApi()
     add_service(api)

@@ -84,7 +84,7 @@ def ready_series() -> int:
 
 def per_service_state(scaler: Autoscaler) -> dict[str, int]:
     return {"queue": handlers.QUEUE.state_size(), "cache": handlers.CACHE.size(),
-            "refusals": len(reconcile_mod.REFUSALS), "locks": len(reconcile_mod.LOCKS._locks),
+            "refusals": len(reconcile_mod.REFUSALS), "owned": len(reconcile_mod.OWNED), "locks": len(reconcile_mod.LOCKS._locks),
             "histories": len(scaler.histories), "last_round": len(scaler.last_round),
             "last_scale": len(scaler.last_scale)}
 
@@ -117,7 +117,7 @@ def test_create_and_delete_200_services_returns_to_baseline(monkeypatch):
     assert len(kube.objects) >= 5 * N
     assert ready_series() == series0 + N
     grown = per_service_state(scaler)
-    assert all(grown[k] >= state0[k] + N for k in ("queue", "cache", "refusals", "locks", "histories", "last_round",
+    assert all(grown[k] >= state0[k] + N for k in ("queue", "cache", "refusals", "owned", "locks", "histories", "last_round",
                                                    "last_scale")), grown
 
     for i in range(N):

@@ -31,7 +31,7 @@ from .cache import POD_KIND, SERVICE_KIND, Cache, CachedKube
 from .health import HEALTH
 from .kube import FIELD_MANAGER, Kube
 from .loop import every
-from .reconcile import LOCKS, REFUSALS, reconcile
+from .reconcile import LOCKS, OWNED, REFUSALS, reconcile
 from .workqueue import WorkQueue
 
 # Drift backstop; child events restore hand edits within seconds already.
@@ -123,6 +123,7 @@ def forget_service(namespace: str, name: str) -> None:
     metrics.forget_service(namespace, name)
     LOCKS.forget(namespace, name)
     REFUSALS.forget(namespace, name)
+    OWNED.forget(namespace, name)
     QUEUE.forget((namespace, name))
     CACHE.forget_service(namespace, name)
     if STATE.get("kube") is not None and hasattr(STATE["kube"], "forget_service"):

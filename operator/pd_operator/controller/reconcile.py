@@ -117,8 +117,11 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         if role is not None and current.get(role) is None:
             applied = {**applied, "spec": obj["spec"]}
         meta = applied["metadata"]
-        stale = not up_to_date(kube.get(applied["kind"], meta["namespace"], meta["name"]),
-                               meta["annotations"][HASH_ANNOTATION])
+        existing = kube.get(applied["kind"], meta["namespace"], meta["name"])
+        stale = not up_to_date(existing, meta["annotations"][HASH_ANNOTATION],
+                               OWNED.get(namespace, name, applied["kind"], meta["name"]))
+        if not stale:
+            OWNED.put(namespace, name, existing)
         plan.append((applied, role, stale, obj["spec"].get("replicas") if role else None))
 
     # All or nothing: the API server validates (and admits) every child that
@@ -139,7 +142,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         try:
             if role is None:
                 if stale:
-                    kube.apply(obj)
+                    OWNED.put(namespace, name, kube.apply(obj))
                     metrics.APPLIED.labels(obj["kind"]).inc()
             else:
                 reason = _apply_pool(kube, svc, obj, role, current.get(role), stale, desired)
@@ -193,13 +196,14 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stal
     """
     namespace, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
     pool = svc.spec.pool(role)
+    service = svc.metadata.name
     if current is None:
         kube.apply(sts)
-        kube.apply_replicas("StatefulSet", namespace, name, desired)
+        OWNED.put(namespace, service, kube.apply_replicas("StatefulSet", namespace, name, desired))
         metrics.APPLIED.labels("StatefulSet").inc()
         return None
     if stale:
-        kube.apply(sts)  # rendered without replicas (see _reconcile)
+        OWNED.put(namespace, service, kube.apply(sts))  # rendered without replicas (see _reconcile)
         metrics.APPLIED.labels("StatefulSet").inc()
     if desired == current:
         return None
@@ -237,14 +241,58 @@ def _time(entry: dict) -> str:
     return entry.get("time") or ""
 
 
-def up_to_date(existing: dict | None, want_hash: str) -> bool:
-    """Whether ``existing`` is what the operator applied from the rendering hashed ``want_hash``
-    and nobody has written it since.
+def _our_fields(existing: dict) -> str | None:
+    """A fingerprint of the fields the operator's apply owns in ``existing`` (None: it owns none)."""
+    entries = [e for e in ((existing.get("metadata") or {}).get("managedFields") or [])
+               if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
+    if not entries:
+        return None
+    return rendered_hash({"fields": [e.get("fieldsV1") for e in entries]})
 
-    A hand edit (kubectl edit/patch/apply) of the object's main resource
-    leaves a managedFields entry of another manager no older than the
-    operator's own apply; the cluster's controllers (kube-*) and writes to
-    subresources (status, scale) do not count."""
+
+class Owned:
+    """The fields each child's apply owned right after the operator wrote or
+    checked it, per service. Another client writing one of those fields takes
+    it over (server-side apply), so the set shrinks: that is a hand edit to
+    undo. A write to fields the operator does not own (an annotation of
+    someone's) leaves it alone and costs no re-apply."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._fields: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+
+    def get(self, namespace: str, service: str, kind: str, name: str) -> str | None:
+        with self._guard:
+            return self._fields.get((namespace, service), {}).get((kind, name))
+
+    def put(self, namespace: str, service: str, obj: dict | None) -> None:
+        fp = _our_fields(obj) if obj else None
+        if fp is None:
+            return
+        with self._guard:
+            self._fields.setdefault((namespace, service), {})[(obj["kind"], obj["metadata"]["name"])] = fp
+
+    def forget(self, namespace: str, service: str) -> None:
+        with self._guard:
+            self._fields.pop((namespace, service), None)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
+OWNED = Owned()
+
+
+def up_to_date(existing: dict | None, want_hash: str, owned: str | None = None) -> bool:
+    """Whether ``existing`` is what the operator applied from the rendering hashed ``want_hash``
+    and nobody has changed what it applied since.
+
+    ``owned``: the fingerprint of the fields the operator owned when it last
+    wrote or checked the object (``Owned``); a hand edit of one of them moves
+    it to the editor. Without one (a new process), a write by another manager
+    to the main resource no older than the operator's apply counts as an edit;
+    the cluster's controllers (kube-*) and writes to subresources (status,
+    scale) never do."""
     if existing is None:
         return False
     meta = existing.get("metadata") or {}
@@ -254,6 +302,8 @@ def up_to_date(existing: dict | None, want_hash: str) -> bool:
     ours = [e for e in entries if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
     if not ours:
         return False
+    if owned is not None:
+        return _our_fields(existing) == owned
     applied_at = max(_time(e) for e in ours)
     for e in entries:
         manager = e.get("manager") or ""
