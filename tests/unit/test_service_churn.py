@@ -55,8 +55,11 @@ class MemoryKube:
         if dry_run:
             return obj
         meta = obj["metadata"]
-        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(obj)
-        return obj
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["managedFields"] = [{"manager": manager or "pd-operator", "operation": "Apply",
+                                                "fieldsV1": {"f:spec": {}}}]
+        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = stored
+        return copy.deepcopy(stored)
 
     def apply_replicas(self, kind, namespace, name, replicas):
         self.objects[(kind, namespace, name)].setdefault("spec", {})["replicas"] = replicas
