@@ -117,6 +117,10 @@ class LeaderElector:
         if self.leading.is_set() and now - self._last_renewed >= self.duration - self.renew:
             log.warning("could not renew the lease for %.0fs (%s): stepping down", now - self._last_renewed, err)
             self._set(False)
+        elif isinstance(err, ApiException) and err.status == 403:
+            log.error("may not get/create/patch the Lease %s/%s (%s): grant it (the chart's %s Role does), set "
+                      "--lease-namespace (or POD_NAMESPACE) to where it may, or run one replica with --no-leader-elect",
+                      self.namespace, self.name, err.reason, "-leader")
         elif not isinstance(err, ApiException) or err.status != 409:
             log.warning("lease %s/%s: %s", self.namespace, self.name, err)
         return self.leading.is_set()
