@@ -299,3 +299,27 @@ def test_a_takeover_from_a_stale_read_loses_to_the_one_that_wrote_first():
     c.kube = StaleRead()
     assert c.try_once() is False  # its PUT carries the old resourceVersion: 409
     assert store.lease["spec"]["holderIdentity"] == "b"
+
+
+def test_a_standby_with_queued_keys_sleeps_instead_of_spinning():
+    """Seen on the cluster: a standby's workers spun on due keys they may not
+    take (1.3 cores for 4 workers), starving its watch loop."""
+    import time
+
+    active = threading.Event()
+    q = WorkQueue(lambda k: None, active=active)
+    for i in range(20):
+        q.add(i)
+    q.start(4)
+    try:
+        t0 = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - t0 < 0.2
+        active.set()
+        q.wake()
+        deadline = time.monotonic() + 5
+        while q.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert q.pending() == 0
+    finally:
+        q.stop()

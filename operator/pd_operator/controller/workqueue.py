@@ -96,7 +96,10 @@ class WorkQueue:
                     return key
                 if not block:
                     return None
-                wait = 1.0 if not self._heap else min(1.0, max(0.0, self._heap[0][0] - now))
+                if self._heap and (self.active is None or self.active.is_set()):
+                    wait = min(1.0, max(0.0, self._heap[0][0] - now))
+                else:  # nothing queued, or a standby: sleep until woken (add, wake) or a second passes
+                    wait = 1.0
                 if deadline is not None:
                     if now >= deadline:
                         return None
