@@ -75,14 +75,16 @@ def test_kill_the_active_replica_while_services_are_created_and_edited(kube_clus
         try:
             wait_for(converged, 120, "every service converged after the failover", interval=1)
         except AssertionError:
+            lines = []
             for n in names:
                 obj = get_svc(custom_objects, namespace, n)
                 missing = expected(n) - set(children(api_client, namespace, n))
-                print(n, obj["metadata"]["generation"], (obj.get("status") or {}).get("observedGeneration"),
-                      condition(obj, "Ready"), sorted(missing))
+                lines.append(f"{n} gen={obj['metadata']['generation']} "
+                             f"observed={(obj.get('status') or {}).get('observedGeneration')} "
+                             f"ready={condition(obj, 'Ready')} missing={sorted(missing)}")
             for op, path in logs.items():
-                print(path.name, path.read_text()[-4000:])
-            raise
+                lines.append(f"--- {path.name}\n" + path.read_text()[-4000:])
+            raise AssertionError("not converged:\n" + "\n".join(lines)) from None
         for n in names[:6]:
             assert apps_v1.read_namespaced_deployment(f"{n}-router", namespace).spec.replicas == 2, n
         # one writer: every child is written only by the operator's managers, and

@@ -167,8 +167,10 @@ def start_loops(memo: kopf.Memo, **_) -> None:
             metrics.LEADER.set(1 if leading else 0)
             if leading:
                 ACTIVE.set()
-                for body in CACHE.select(SERVICE_KIND, None, {}):  # take over: look at every service once
+                services = CACHE.select(SERVICE_KIND, None, {})
+                for body in services:  # take over: look at every service once
                     reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
+                logging.getLogger(__name__).info("leading: %d cached services queued", len(services))
                 QUEUE.wake()
             else:
                 ACTIVE.clear()
