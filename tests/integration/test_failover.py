@@ -68,7 +68,8 @@ def test_kill_the_active_replica_while_services_are_created_and_edited(kube_clus
                 c = condition(obj, "Ready")
                 if not c or obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
                     return False
-                if set(children(api_client, namespace, n)) != expected(n):
+                # (a router with 2 replicas gets more children, e.g. its own PDB: expected() is the minimum)
+                if expected(n) - set(children(api_client, namespace, n)):
                     return False
             return True
 
