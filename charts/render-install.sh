@@ -22,5 +22,8 @@ echo "  labels:"
 echo "    app.kubernetes.io/name: pd-operator"
 echo "    app.kubernetes.io/instance: pd-operator"
 # --include-crds: one file for a kubectl user. Helm-only labels stay (harmless).
+# No admission webhook here: its certificate is made (and kept) by Helm; a
+# kubectl install relies on the CRD's rules and status (install with Helm for it).
 "$HELM" template pd-operator "$ROOT/charts/pd-operator" --namespace pd-operator-system --include-crds \
+  --set webhook.enabled=false \
   | sed -e '/^# Source: /d'

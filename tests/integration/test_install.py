@@ -84,10 +84,12 @@ def can_i(admin_kubeconfig: str, subject: str, *args: str) -> bool:
     return r.stdout.strip() == "yes"
 
 
-def run_scenarios(admin_kubeconfig: str, operator_kubeconfig: str, selection: str, log: Path) -> str:
-    """tests/integration/test_operator.py -k SELECTION with the operator under another identity."""
+def run_scenarios(admin_kubeconfig: str, operator_kubeconfig: str, selection: str, log: Path,
+                  release_namespace: str) -> str:
+    """tests/integration/test_operator.py -k SELECTION with the operator under another identity
+    (its leader Lease in the release namespace, as the chart's POD_NAMESPACE puts it)."""
     env = {**os.environ, "KUBECONFIG": admin_kubeconfig, "PD_OPERATOR_KUBECONFIG": operator_kubeconfig,
-           "PD_SHOW_OPERATOR_LOG": "1"}
+           "PD_SHOW_OPERATOR_LOG": "1", "POD_NAMESPACE": release_namespace}
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "-x",
                         str(REPO / "tests" / "integration" / "test_operator.py"), "-k", selection],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=540)
@@ -162,7 +164,7 @@ def test_helm_install_rbac_suffices_and_is_minimal(kube_cluster, crd, release_na
         assert_minimal(admin, subject, "default")
         assert_cluster_watch(admin, subject)
         kc = token_kubeconfig(admin, release_namespace, fullname, tmp_path / "sa.kubeconfig")
-        out = run_scenarios(admin, kc, SCENARIOS, tmp_path / "scenarios.log")
+        out = run_scenarios(admin, kc, SCENARIOS, tmp_path / "scenarios.log", release_namespace)
         assert "5 passed" in out, out[-2000:]
 
         # helm upgrade: the same values change nothing; a new value rolls the pod template
@@ -202,7 +204,7 @@ def test_helm_namespace_scope(kube_cluster, crd, release_namespace, namespace, t
         assert not can_i(admin, subject, "list", "pods", "-n", "default")
         assert not can_i(admin, subject, "create", "statefulsets.apps", "-n", release_namespace)
         kc = token_kubeconfig(admin, release_namespace, fullname, tmp_path / "sa.kubeconfig")
-        op = Operator(kc, namespace, tmp_path / "operator.log").start()
+        op = Operator(kc, namespace, tmp_path / "operator.log", env={"POD_NAMESPACE": release_namespace}).start()
         try:
             create(custom_objects, service("ns", namespace, engine={"kind": "vllm", "apiKeySecretRef": {"name": "key"}}))
 
@@ -262,7 +264,7 @@ def test_helm_writes_only_in_served_namespaces(kube_cluster, crd, release_namesp
         assert "--all-namespaces" not in args and f"--namespace={namespace}" in args
 
         kc = token_kubeconfig(admin, release_namespace, fullname, tmp_path / "sa.kubeconfig")
-        op = Operator(kc, namespace, tmp_path / "operator.log").start()
+        op = Operator(kc, namespace, tmp_path / "operator.log", env={"POD_NAMESPACE": release_namespace}).start()
         try:
             create(custom_objects, service("wr", namespace))
             wait_ready(custom_objects, namespace, "wr")
@@ -322,7 +324,7 @@ def test_kubectl_apply_install_yaml(kube_cluster, crd, tmp_path, core_v1, apps_v
         assert_cluster_watch(admin, f"system:serviceaccount:{ns}:pd-operator")
         kc = token_kubeconfig(admin, ns, "pd-operator", tmp_path / "sa.kubeconfig")
         out = run_scenarios(admin, kc, "test_create_becomes_ready_with_columns or test_delete_leaves_nothing",
-                            tmp_path / "scenarios.log")
+                            tmp_path / "scenarios.log", ns)
         assert "2 passed" in out, out[-2000:]
     finally:
         # never `kubectl delete -f install.yaml` here: that deletes the shared CRD

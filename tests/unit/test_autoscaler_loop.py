@@ -200,3 +200,35 @@ def test_an_allowed_endpoint_with_a_path_prefix_receives_the_token():
                         token_urls=["HTTP://Prometheus.Monitoring:9090/thanos/"])
     scaler.run_once([body(token_ref={"name": "prom-auth", "key": "token"}, url=PROM_URL + "/thanos/q")])
     assert {c[0].token for c in signals.calls} == {"tok"}
+
+
+def test_the_autoscalers_memory_survives_a_failover_in_status():
+    """Issue 15: the replica taking over reads the stabilization history from
+    status, so it does not scale down inside the window the previous leader
+    was honouring (a fresh memory would)."""
+    import copy
+
+    kube = FakeKube()
+    b = body()
+    b["spec"]["decode"]["autoscaling"]["behavior"] = {"scaleDown": {"stabilizationWindowSeconds": 300}}
+    clock = [1000.0]
+    first = Autoscaler(kube, Signals(ttft=3.0, itl=0.2), lambda *a: None, clock=lambda: clock[0])
+    first.run_once([b], force=True)  # high ITL: decode scales up
+    up = kube.replicas["svc-decode"]
+    assert up > 1
+    memory = kube.status["decode"]["autoscaler"]
+    assert memory["recommendations"] and memory["recommendations"][-1][1] == up
+    # the leader dies; status holds what it wrote
+    b_after = copy.deepcopy(b)
+    b_after["status"] = copy.deepcopy(kube.status)
+    clock[0] += 60  # load gone, well inside the 300 s scale-down window
+    calm = Signals(ttft=0.01, itl=0.001)
+    second = Autoscaler(kube, calm, lambda *a: None, clock=lambda: clock[0])
+    second.run_once([b_after], force=True)
+    assert kube.replicas["svc-decode"] == up  # held by the remembered recommendation
+    # without the memory, the same round scales down at once
+    kube2 = FakeKube()
+    kube2.replicas["svc-decode"] = up
+    amnesiac = Autoscaler(kube2, calm, lambda *a: None, clock=lambda: clock[0])
+    amnesiac.run_once([b], force=True)
+    assert kube2.replicas["svc-decode"] < up

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -142,7 +143,7 @@ def test_helm_lint_clean(sets):
 def test_schema_refuses_bad_values():
     r = helm("template", "x", str(CHART), "--set", "rbac.scope=everything", check=False)
     assert r.returncode != 0 and "rbac" in r.stderr
-    r = helm("template", "x", str(CHART), "--set", "replicas=3", check=False)
+    r = helm("template", "x", str(CHART), "--set", "replicas=9", check=False)
     assert r.returncode != 0 and "replicas" in r.stderr
     r = helm("template", "x", str(CHART), "--set", "rbac.secretRead=true", check=False)  # a typo
     assert r.returncode != 0
@@ -164,11 +165,83 @@ def test_deployment_is_locked_down():
         assert c[probe]["httpGet"]["path"] == "/healthz"
     assert c["image"] == "ghcr.io/pd-operator/pd-operator:0.1.0"
     assert c["args"][0] == "--all-namespaces" and "--metrics-port=9090" in c["args"]
-    assert deploy["spec"]["strategy"]["type"] == "Recreate"
     assert pod["serviceAccountName"] == "pd-operator"
-    (svc,) = by_kind(docs, "Service")
+    (svc,) = [d for d in by_kind(docs, "Service") if not d["metadata"]["name"].endswith("-webhook")]
     assert svc["spec"]["ports"][0]["port"] == 9090
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
+
+
+@needs_helm
+def test_two_replicas_by_default_one_writer_by_lease():
+    """Issue 15: the default install survives a node drain and a rolling upgrade."""
+    docs = template()
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    # the new pod is up (caches warm) before the old one stops and releases the Lease
+    assert deploy["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod = deploy["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    args = pod["containers"][0]["args"]
+    assert "--lease-duration=15" in args and "--lease-renew=5" in args and "--no-leader-elect" not in args
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"] == deploy["spec"]["selector"]
+    # the Lease: in the release namespace, get/patch of that one Lease only (no update: a conditional merge patch)
+    for verb in ("create", "get", "patch"):
+        assert _can(docs, verb, "coordination.k8s.io", "leases", "pd-operator-system"), verb
+        assert not _can(docs, verb, "coordination.k8s.io", "leases", "kube-system"), verb
+    (lease_role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "pd-operator-leader"]
+    assert all(r.get("resourceNames") == ["pd-operator-leader"] for r in lease_role["rules"] if r["verbs"] != ["create"])
+    # one replica without a Lease still works (no PDB, Recreate); two without one would both write
+    docs = template("replicas=1", "leaderElection.enabled=false")
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["strategy"]["type"] == "Recreate" and not by_kind(docs, "PodDisruptionBudget")
+    assert "--no-leader-elect" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    r = helm("template", "x", str(CHART), "--set", "leaderElection.enabled=false", check=False)
+    assert r.returncode != 0 and "leaderElection.enabled" in r.stderr
+
+
+@needs_helm
+def test_the_admission_webhook_is_wired_and_never_blocks_the_cluster():
+    """Issue 15: kubectl apply gets the operator's answer at once; an operator
+    that is down blocks nothing (failurePolicy Ignore)."""
+    import base64
+    import tempfile
+
+    docs = template()
+    (cfg,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    (hook,) = cfg["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["rules"] == [{"apiGroups": ["pdserving.io"], "apiVersions": ["v1alpha1"],
+                              "resources": ["pdinferenceservices"], "operations": ["CREATE", "UPDATE"],
+                              "scope": "Namespaced"}]
+    ref = hook["clientConfig"]["service"]
+    assert ref["path"] == "/validate"
+    (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"] == ref["name"]]
+    (deploy,) = by_kind(docs, "Deployment")
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    c = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert "--webhook-port=9443" in c["args"] and {"name": "webhook", "containerPort": 9443} in c["ports"]
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    assert secret["data"]["ca.crt"] == hook["clientConfig"]["caBundle"]
+    # the serving certificate names the Service and is signed by the CA the API server is given
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in ("tls.crt", "ca.crt"):
+            (Path(tmp) / k).write_bytes(base64.b64decode(secret["data"][k]))
+        r = subprocess.run(["openssl", "verify", "-CAfile", f"{tmp}/ca.crt", f"{tmp}/tls.crt"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run(["openssl", "x509", "-in", f"{tmp}/tls.crt", "-noout", "-ext", "subjectAltName"],
+                           capture_output=True, text=True)
+        assert f"DNS:{ref['name']}.pd-operator-system.svc" in r.stdout, r.stdout
+    # served namespaces only, when there is a list
+    docs = template("watchNamespaces={a,b}")
+    (cfg,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    assert cfg["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["a", "b"]
+    assert not [d for d in yaml.safe_load_all((ROOT / "manifests" / "install.yaml").read_text())
+                if d and d["kind"] == "ValidatingWebhookConfiguration"]  # kubectl install: no certificate to give it
 
 
 def _rules(docs):
@@ -205,16 +278,21 @@ def test_rbac_is_least_privilege(sets):
     if "rbac.scope=namespace" in sets:
         assert not clusterroles and not [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == "pd-operator"]
         namespaces = ["a", "b"] if "watchNamespaces={a,b}" in sets else ["pd-operator-system"]
-        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == namespaces
-        assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == namespaces
+        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role") if not _leader(r)) == namespaces
+        assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding") if not _leader(b)) == namespaces
         (deploy,) = by_kind(docs, "Deployment")
         assert [a for a in deploy["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--namespace")] \
             == [f"--namespace={n}" for n in namespaces]
     elif "watchNamespaces={a,b}" in sets:
         assert list(clusterroles) == ["pd-operator"]
-        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["a", "b"]
+        assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role") if not _leader(r)) == ["a", "b"]
     else:
-        assert list(clusterroles) == ["pd-operator"] and not by_kind(docs, "Role")
+        assert list(clusterroles) == ["pd-operator"] and not [r for r in by_kind(docs, "Role") if not _leader(r)]
+
+
+def _leader(obj: dict) -> bool:
+    """The leader-election Role and its binding (release namespace, leases only)."""
+    return obj["metadata"]["name"] == "pd-operator-leader"
 
 
 def _can(docs: list[dict], verb: str, group: str, resource: str, namespace: str | None,

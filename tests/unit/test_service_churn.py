@@ -1,4 +1,5 @@
-"""Issue 19, item 8: 200 services created, reconciled and deleted through the
+"""Issue 19, item 8 (and issue 15: the work queue, the watch cache and the
+remembered refusals): 200 services created, reconciled and deleted through the
 handlers against an in-memory Kube leave the operator's per-service state and
 its ``pd_operator_service_ready`` series where they started."""
 
@@ -12,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from pd_operator.controller import handlers, reconcile as reconcile_mod
 from pd_operator.controller.autoscaler import Autoscaler
+from pd_operator.controller.cache import CachedKube
 from tests.conftest import minimal
 
 N = 200
@@ -49,10 +51,15 @@ class MemoryKube:
     def cluster_gpu_view(self):
         return None
 
-    def apply(self, obj, manager=None):
+    def apply(self, obj, manager=None, dry_run=False):
+        if dry_run:
+            return obj
         meta = obj["metadata"]
-        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(obj)
-        return obj
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["managedFields"] = [{"manager": manager or "pd-operator", "operation": "Apply",
+                                                "fieldsV1": {"f:spec": {}}}]
+        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = stored
+        return copy.deepcopy(stored)
 
     def apply_replicas(self, kind, namespace, name, replicas):
         self.objects[(kind, namespace, name)].setdefault("spec", {})["replicas"] = replicas
@@ -79,7 +86,8 @@ def ready_series() -> int:
 
 
 def per_service_state(scaler: Autoscaler) -> dict[str, int]:
-    return {"runs": len(handlers._runs), "locks": len(reconcile_mod.LOCKS._locks),
+    return {"queue": handlers.QUEUE.state_size(), "cache": handlers.CACHE.size(),
+            "refusals": len(reconcile_mod.REFUSALS), "owned": len(reconcile_mod.OWNED), "locks": len(reconcile_mod.LOCKS._locks),
             "histories": len(scaler.histories), "last_round": len(scaler.last_round),
             "last_scale": len(scaler.last_scale)}
 
@@ -87,7 +95,8 @@ def per_service_state(scaler: Autoscaler) -> dict[str, int]:
 def test_create_and_delete_200_services_returns_to_baseline(monkeypatch):
     kube = MemoryKube()
     scaler = Autoscaler(kube, lambda *a, **k: {}, lambda *a: None)
-    monkeypatch.setitem(handlers.STATE, "kube", kube)
+    # the service reads come from the watch cache, the rest from the in-memory API
+    monkeypatch.setitem(handlers.STATE, "kube", CachedKube(kube, handlers.CACHE))
     monkeypatch.setitem(handlers.STATE, "autoscaler", scaler)
     monkeypatch.setattr(handlers, "post_event", lambda *a, **k: None)
     namespace = f"churn-{uuid.uuid4().hex[:6]}"
@@ -98,7 +107,11 @@ def test_create_and_delete_200_services_returns_to_baseline(monkeypatch):
         body = minimal()
         body["metadata"] = {"namespace": namespace, "name": f"s{i}", "uid": f"uid-{i}", "generation": 1}
         kube.services[(namespace, f"s{i}")] = body
-        handlers.on_service(namespace=namespace, name=f"s{i}")
+        handlers.on_service_event({"type": "ADDED", "object": body})
+        assert handlers.QUEUE.run_once() == (namespace, f"s{i}")
+        # a refused spec is remembered too (and must be forgotten)
+        reconcile_mod.REFUSALS.put((namespace, f"s{i}"), frozenset({"h"}), [("StatefulSet", "x", "f", "m")])
+        handlers.QUEUE.add((namespace, f"s{i}"), delay=60)  # a queued (settling) run
         # the autoscaler's memory of it, as a round leaves it
         scaler.histories[(namespace, f"s{i}")] = {}
         scaler.last_round[(namespace, f"s{i}")] = 1.0
@@ -107,11 +120,13 @@ def test_create_and_delete_200_services_returns_to_baseline(monkeypatch):
     assert len(kube.objects) >= 5 * N
     assert ready_series() == series0 + N
     grown = per_service_state(scaler)
-    assert all(grown[k] >= state0[k] + N for k in ("runs", "locks", "histories", "last_round", "last_scale")), grown
+    assert all(grown[k] >= state0[k] + N for k in ("queue", "cache", "refusals", "owned", "locks", "histories", "last_round",
+                                                   "last_scale")), grown
 
     for i in range(N):
+        body = kube.services[(namespace, f"s{i}")]
         kube.delete_service(namespace, f"s{i}")
-        handlers.on_service_deleted(namespace=namespace, name=f"s{i}")
+        handlers.on_service_event({"type": "DELETED", "object": body})
     gc.collect()
     assert not kube.objects and not kube.services
     assert ready_series() == series0

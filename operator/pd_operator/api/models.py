@@ -1270,6 +1270,16 @@ class Condition(Base):
     observed_generation: Optional[int] = Field(None, ge=0, description="The metadata.generation this condition was computed from.")
 
 
+class AutoscalerMemory(Base):
+    """What the autoscaler remembers of a pool between rounds (its stabilization windows and rate limits),
+    kept in status so that the replica taking over after a failover decides as the one before would have."""
+
+    recommendations: list[Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=list, max_length=64, description="Recent recommendations: [unix time, replicas].")
+    changes: list[Annotated[list[float], Field(min_length=3, max_length=3)]] = Field(
+        default_factory=list, max_length=64, description="Recent resizes: [unix time, from, to].")
+
+
 class PoolStatus(Base):
     """Observed state of one pool."""
 
@@ -1279,6 +1289,7 @@ class PoolStatus(Base):
     pending_replicas: int = Field(0, ge=0, description="Pods not scheduled yet.")
     last_scale_time: Optional[str] = Field(None, description="When the pool was last resized (RFC 3339).", json_schema_extra={"format": "date-time"})
     last_scale_reason: Optional[Annotated[str, StringConstraints(max_length=1024)]] = Field(None, description="Why the pool was last resized.")
+    autoscaler: Optional[AutoscalerMemory] = Field(None, description="The autoscaler's memory of this pool (written by the autoscaler).")
 
 
 class MetricsStatus(Base):

@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 from ..api import SpecError, validate_service
 from ..api.models import PDInferenceService, duration_seconds
 from ..autoscale import fit
+from ..autoscale.decide import Change, History, PoolState
+from ..autoscale.decide import Event as Recommendation
 from ..autoscale.diagnose import REASONS, Verdict, diagnose
-from ..autoscale.decide import History, PoolState
 from ..autoscale.plan import PoolInput, plan_service
 from ..autoscale.promql import Observation
 from ..render.common import child_name, selector_labels
@@ -420,7 +421,9 @@ class Autoscaler:
                 else:
                     obs = res.get((namespace, name))
             inputs[role] = PoolInput(state, obs, now)
-        histories = self.histories.setdefault((namespace, name), {})
+        if (namespace, name) not in self.histories:  # after a restart or a failover: what status remembers
+            self.histories[(namespace, name)] = histories_from_status(body.get("status") or {})
+        histories = self.histories[(namespace, name)]
         room = gpus.for_pools(templates, spec.gpu_resource_name()) if gpus else None
         decisions = plan_service(svc, inputs, histories, now, room)
         status = body.get("status") or {}
@@ -436,6 +439,8 @@ class Autoscaler:
             if (namespace, name, role) in self.last_scale:
                 at, why = self.last_scale[(namespace, name, role)]
                 patch[role] = {"lastScaleTime": at, "lastScaleReason": why}
+            if role in histories:
+                patch.setdefault(role, {})["autoscaler"] = history_to_status(histories[role])
         metrics = dict(status.get("metrics") or {})
         for role, key in (("prefill", "ttft"), ("decode", "itl")):
             obs = inputs[role].observation
@@ -468,6 +473,28 @@ class Autoscaler:
         ]
         patch["conditions"] = merge_conditions(status.get("conditions", []), conds, stamp)
         self.kube.patch_status(namespace, name, patch, manager=AUTOSCALER_MANAGER)
+
+
+MEMORY_ITEMS = 64  # status.<pool>.autoscaler lists (the CRD's maxItems)
+
+
+def history_to_status(history: History) -> dict:
+    """A pool's History as status keeps it (the newest MEMORY_ITEMS of each)."""
+    return {"recommendations": [[round(e.at, 3), e.replicas] for e in history.recommendations[-MEMORY_ITEMS:]],
+            "changes": [[round(c.at, 3), c.before, c.after] for c in history.changes[-MEMORY_ITEMS:]]}
+
+
+def histories_from_status(status: dict) -> dict[str, History]:
+    """The pools' Histories from status (empty where it has none or it is unreadable)."""
+    out: dict[str, History] = {}
+    for role in ("prefill", "decode"):
+        mem = ((status.get(role) or {}).get("autoscaler")) or {}
+        try:
+            out[role] = History(recommendations=[Recommendation(at=float(a), replicas=int(r)) for a, r in mem.get("recommendations") or []],
+                                changes=[Change(at=float(a), before=int(b), after=int(c)) for a, b, c in mem.get("changes") or []])
+        except (TypeError, ValueError):
+            out[role] = History()
+    return out
 
 
 def prometheus_signals() -> SignalFn:
@@ -503,7 +530,7 @@ def prometheus_diagnosis() -> DiagnosisFn:
 
 
 def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop: threading.Event, tick: float = 5.0,
-                health: Health = HEALTH, max_age: float | None = None) -> None:
+                health: Health = HEALTH, max_age: float | None = None, active: threading.Event | None = None) -> None:
     """Every ``tick`` seconds, decide the services whose interval has passed.
 
     Liveness (controller/health.py) follows this loop: a turn that takes far
@@ -511,5 +538,9 @@ def run_forever(autoscaler: Autoscaler, kube: Kube, namespaces: list[str], stop:
     ``/healthz`` to 503."""
     if max_age is None:
         max_age = 3 * (tick + autoscaler.query_deadline) + 60
-    every(tick, stop, namespaces, lambda ns: autoscaler.run_once(kube.list_services(ns)), "autoscaler",
+    def round_(ns: str | None) -> None:
+        if active is None or active.is_set():  # only the replica holding the lease decides
+            autoscaler.run_once(kube.list_services(ns))
+
+    every(tick, stop, namespaces, round_, "autoscaler",
           health=health, max_age=max_age)

@@ -1,95 +1,85 @@
-"""kopf handlers. Thin: each one asks for a reconcile of one service.
+"""kopf handlers. Thin: each one records what a watch saw and queues a reconcile.
 
-- create/update/resume of a PDInferenceService: reconcile now;
-- one resync loop for all services every RESYNC_SECONDS: the drift and
-  status backstop (one loop, not a kopf timer per object: kopf would put a
-  finalizer on every service to stop its timer, and nothing here needs one);
-- events of the children (StatefulSets, Deployments, Services, pods, ...):
-  reconcile the owning service, so a child edited or deleted by hand is
-  restored within seconds and status follows the pods.
-Reconciles of one service are coalesced: while one runs, further requests
-collapse into one more run that reads the service afresh.
+- every event of a PDInferenceService, of its children (StatefulSets,
+  Deployments, Services, ...) and of its pods lands in the in-process cache
+  (``cache.py``): the reconciler and the autoscaler read from it, not from
+  the API server;
+- a service whose spec (generation), labels or annotations changed, or a
+  child that changed or went, queues a reconcile of that service in the one
+  keyed work queue (``workqueue.py``: coalesced, per-key backoff); a pod
+  event queues it after CHILD_SETTLE_SECONDS so a rollout's burst is one run;
+- one resync loop queues every cached service every RESYNC_SECONDS (the drift
+  and status backstop; it sends no request);
+- a deleted service is forgotten everywhere (queue, cache, locks, the
+  autoscaler's memory, metric series).
+The handlers are ``on.event`` only: kopf writes nothing on the services (no
+finalizer, no progress annotations), so replicas on standby never write.
+Only the replica holding the leader Lease (``leader.py``) takes keys off the
+queue, resyncs and autoscales.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-import time
 
 import kopf
 
 from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
+from .cache import POD_KIND, SERVICE_KIND, Cache, CachedKube
 from .health import HEALTH
 from .kube import FIELD_MANAGER, Kube
 from .loop import every
-from .reconcile import LOCKS, reconcile
+from .reconcile import LOCKS, OWNED, REFUSALS, reconcile
+from .workqueue import WorkQueue
 
 # Drift backstop; child events restore hand edits within seconds already.
 RESYNC_SECONDS = float(os.environ.get("PD_OPERATOR_RESYNC_SECONDS", "60"))
 CHILD_SETTLE_SECONDS = 0.5
+WARMUP_SECONDS = float(os.environ.get("PD_OPERATOR_WARMUP_SECONDS", "2"))
+WORKERS = int(os.environ.get("PD_OPERATOR_WORKERS", "4"))
 STATE: dict = {"kube": None}
-_guard = threading.Lock()
-_runs: dict[tuple[str, str], dict] = {}
+CACHE = Cache()
+# Set while this replica may write (it holds the lease; always, without leader election).
+ACTIVE = threading.Event()
+ACTIVE.set()
 
 
-def kube() -> Kube:
+def kube() -> CachedKube:
     if STATE["kube"] is None:
-        STATE["kube"] = Kube()
+        STATE["kube"] = CachedKube(Kube(), CACHE)
     return STATE["kube"]
 
 
 def post_event(body: dict, type_: str, reason: str, message: str) -> None:
+    """An Event on the service (reconciles run on the queue's threads, outside
+    kopf's handler context, so this posts it itself)."""
     try:
-        kopf.event(body, type=type_, reason=reason, message=message[:1024])
-        return
-    except Exception:  # noqa: BLE001 - outside kopf's own tasks (the autoscaler's thread) there is no event queue
-        pass
-    try:
-        kube().create_event(body, type_, reason, message)
+        kube().post_event(body, type_, reason, message)
     except Exception:  # events are best effort; never fail a reconcile on them
         logging.getLogger(__name__).warning("event %s not posted", reason, exc_info=True)
 
 
-def reconcile_service(namespace: str, name: str, settle: float = 0.0) -> None:
-    """Reconcile the latest version of one service, coalescing concurrent requests.
+def process(key: tuple[str, str]) -> None:
+    """Reconcile the newest cached version of one service (the queue's work function)."""
+    namespace, name = key
+    body = kube().get_service(namespace, name)
+    if body is not None and not body["metadata"].get("deletionTimestamp"):
+        reconcile(kube(), body, post_event)
 
-    ``settle``: wait this long before reading, so a burst of child events
-    (a rollout touches many pods) collapses into one reconcile.
-    """
-    key = (namespace, name)
-    with _guard:
-        run = _runs.setdefault(key, {"running": False, "dirty": False})
-        if run["running"]:
-            run["dirty"] = True
-            return
-        run["running"] = True
-    try:
-        if settle:
-            time.sleep(settle)
-        while True:
-            body = kube().get_service(namespace, name)
-            if body is not None and not body["metadata"].get("deletionTimestamp"):
-                reconcile(kube(), body, post_event)
-            with _guard:
-                if not run["dirty"]:
-                    run["running"] = False
-                    return
-                run["dirty"] = False
-    except BaseException:
-        with _guard:
-            run["running"] = False
-        raise
+
+QUEUE = WorkQueue(process, active=ACTIVE)
+
+
+def reconcile_service(namespace: str, name: str, settle: float = 0.0) -> None:
+    """Queue a reconcile of one service (coalesced with any already queued)."""
+    QUEUE.add((namespace, name), delay=settle)
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
     """All operator settings in one place."""
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     # Our own events are posted explicitly; kopf's per-handler chatter is not.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
@@ -100,18 +90,31 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.batching.error_delays = [1, 2, 5, 10, 30]
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-def on_service(namespace: str, name: str, **_) -> None:
-    reconcile_service(namespace, name)
+def _spec_changed(old: dict | None, new: dict) -> bool:
+    if old is None:
+        return True
+    a, b = old.get("metadata") or {}, new.get("metadata") or {}
+    return any(a.get(k) != b.get(k) for k in ("generation", "labels", "annotations", "uid", "deletionTimestamp"))
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def on_service_deleted(namespace: str, name: str, **_) -> None:
-    """Forget a deleted service: its metric series and the loops' memory of it
-    (optional: no finalizer, best effort; a missed deletion leaves one series)."""
-    forget_service(namespace, name)
+def on_service_event(event: dict) -> None:
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if not namespace or not name:
+        return
+    if event.get("type") == "DELETED":
+        forget_service(namespace, name)
+        return
+    old = CACHE.get(SERVICE_KIND, namespace, name)
+    CACHE.put(SERVICE_KIND, obj)
+    if _spec_changed(old, obj):
+        reconcile_service(namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def on_service(event: dict, **_) -> None:
+    on_service_event(event)
 
 
 def forget_service(namespace: str, name: str) -> None:
@@ -119,17 +122,21 @@ def forget_service(namespace: str, name: str) -> None:
 
     metrics.forget_service(namespace, name)
     LOCKS.forget(namespace, name)
+    REFUSALS.forget(namespace, name)
+    OWNED.forget(namespace, name)
+    QUEUE.forget((namespace, name))
+    CACHE.forget_service(namespace, name)
+    if STATE.get("kube") is not None and hasattr(STATE["kube"], "forget_service"):
+        STATE["kube"].forget_service(namespace, name)
     if STATE.get("autoscaler") is not None:
         STATE["autoscaler"].forget(namespace, name)
-    with _guard:
-        run = _runs.get((namespace, name))
-        if run is not None and not run["running"]:
-            del _runs[(namespace, name)]
 
 
 def resync(namespace: str | None) -> None:
-    """Reconcile every service in ``namespace`` (None: all in scope)."""
-    for body in kube().list_services(namespace):
+    """Queue every cached service in ``namespace`` (None: all in scope)."""
+    if not ACTIVE.is_set():
+        return
+    for body in CACHE.select(SERVICE_KIND, namespace, {}):
         reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
@@ -139,29 +146,79 @@ AUTOSCALE_TICK_SECONDS = float(os.environ.get("PD_OPERATOR_AUTOSCALE_TICK_SECOND
 
 
 @kopf.on.startup()
-def start_resync(memo: kopf.Memo, **_) -> None:
+def start_loops(memo: kopf.Memo, **_) -> None:
     from .autoscaler import Autoscaler, prometheus_diagnosis, prometheus_signals, run_forever
 
     stop = threading.Event()
     memo["resync_stop"] = stop
     namespaces = STATE.get("namespaces", [])
+    QUEUE.start(WORKERS)
+    elector = STATE.get("elector")
+    # The first seconds fill the cache from the watches' initial listings, so
+    # the first reconciles do not report pods missing that are only unseen.
+    ACTIVE.clear()
+    if elector is None:
+        threading.Timer(WARMUP_SECONDS, ACTIVE.set).start()
+    else:
+
+        def changed(leading: bool) -> None:
+            from . import metrics
+
+            metrics.LEADER.set(1 if leading else 0)
+            if leading:
+                ACTIVE.set()
+                services = CACHE.select(SERVICE_KIND, None, {})
+                for body in services:  # take over: look at every service once
+                    reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
+                logging.getLogger(__name__).info("leading: %d cached services queued", len(services))
+                QUEUE.wake()
+            else:
+                ACTIVE.clear()
+
+        elector.on_change = changed
+        threading.Timer(WARMUP_SECONDS, lambda: threading.Thread(
+            target=elector.run, args=(stop,), name="leader", daemon=True).start()).start()
     threading.Thread(target=every, args=(RESYNC_SECONDS, stop, namespaces, resync, "resync"),
-                     kwargs={"health": HEALTH, "max_age": 3 * RESYNC_SECONDS + 600},  # a round reconciles every service
+                     kwargs={"health": HEALTH, "max_age": 3 * RESYNC_SECONDS + 600},
                      name="resync", daemon=True).start()
     autoscaler = Autoscaler(kube(), prometheus_signals(), post_event, token_urls=STATE.get("token_urls", ()),
                             diagnosis=prometheus_diagnosis())
     STATE["autoscaler"] = autoscaler
     threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),
-                     name="autoscaler", daemon=True).start()
+                     kwargs={"active": ACTIVE}, name="autoscaler", daemon=True).start()
 
 
 @kopf.on.cleanup()
-def stop_resync(memo: kopf.Memo, **_) -> None:
+def stop_loops(memo: kopf.Memo, **_) -> None:
     if "resync_stop" in memo:
         memo["resync_stop"].set()
+    elector = STATE.get("elector")
+    if elector is not None:
+        elector.release()
+    QUEUE.stop()
 
 
 CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}
+CHILD_KINDS = {"statefulsets": "StatefulSet", "leaderworkersets": "LeaderWorkerSet", "deployments": "Deployment", "services": "Service",
+               "configmaps": "ConfigMap", "serviceaccounts": "ServiceAccount",
+               "poddisruptionbudgets": "PodDisruptionBudget", "roles": "Role", "rolebindings": "RoleBinding",
+               "networkpolicies": "NetworkPolicy", "pods": POD_KIND}
+
+
+def on_child_event(kind: str, event: dict) -> None:
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
+    namespace, name = meta.get("namespace"), meta.get("name")
+    service = (meta.get("labels") or {}).get(LABEL_SERVICE)
+    if not namespace or not name:
+        return
+    if event.get("type") == "DELETED":
+        CACHE.remove(kind, namespace, name)
+    else:
+        CACHE.put(kind, obj)
+    if service and CACHE.has(SERVICE_KIND, namespace, service):
+        # pods: let a burst settle; a child edited or deleted by hand: restore it
+        reconcile_service(namespace, service, settle=CHILD_SETTLE_SECONDS)
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels=CHILDREN)
@@ -175,5 +232,5 @@ CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}
 @kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILDREN)
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILDREN)
 @kopf.on.event("", "v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT})
-def on_child(namespace: str, labels: dict, **_) -> None:
-    reconcile_service(namespace, labels[LABEL_SERVICE], settle=CHILD_SETTLE_SECONDS)
+async def on_child(event: dict, resource: kopf.Resource, **_) -> None:
+    on_child_event(CHILD_KINDS[resource.plural], event)

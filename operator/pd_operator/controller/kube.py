@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client
@@ -64,6 +65,9 @@ class Kube:
             method=method, resource_path=path, query_params=query or [], header_params=headers,
             body=body, auth_settings=["BearerToken"],
         )
+        from . import metrics
+
+        metrics.API_REQUESTS.labels(method).inc()
         resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
         raw = resp.read()
         if not 200 <= resp.status <= 299:
@@ -110,15 +114,17 @@ class Kube:
         return (nodes or {}).get("items", []), (pods or {}).get("items", [])
 
     # -- writes ------------------------------------------------------------------
-    def apply(self, obj: dict, manager: str = FIELD_MANAGER) -> dict:
-        """Server-side apply with one of the operator's field managers."""
+    def apply(self, obj: dict, manager: str = FIELD_MANAGER, dry_run: bool = False) -> dict:
+        """Server-side apply with one of the operator's field managers
+        (``dry_run``: validated and admitted by the API server, nothing stored)."""
         api_version, plural = KINDS[obj["kind"]]
         meta = obj["metadata"]
+        query = [("fieldManager", manager), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
         return self._call(
             "PATCH",
             _path(api_version, plural, meta["namespace"], meta["name"]),
             body=obj,
-            query=[("fieldManager", manager), ("force", "true")],
+            query=query,
             content_type="application/apply-patch+yaml",
         )
 
@@ -154,6 +160,21 @@ class Kube:
                     self.delete(kind, namespace, key[1])
                     removed.append(key)
         return removed
+
+    def post_event(self, body: dict, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``body`` (what ``kubectl describe`` lists)."""
+        meta = body["metadata"]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": body.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": body.get("kind", KIND),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
 
     # -- the custom resource ---------------------------------------------------------
     def get_service(self, namespace: str, name: str) -> dict | None:
@@ -235,3 +256,18 @@ class Kube:
         if key not in data:
             return f"Secret {namespace}/{name} has no key {key!r} (it has: {', '.join(sorted(data)) or 'none'})"
         return None
+
+
+def refusal(err: ApiException) -> tuple[str, list[tuple[str, str]]]:
+    """The API server's answer to a refused write: (message, [(field path, what is wrong)]).
+
+    A 422 Invalid names each field in ``details.causes``; other refusals
+    (400 BadRequest, 403 from an admission plugin) carry only a message."""
+    try:
+        status = json.loads(err.body or "{}")
+    except ValueError:
+        return str(err.body or err.reason)[:500], []
+    message = status.get("message") or str(err.reason)
+    causes = [(c.get("field") or "", c.get("message") or c.get("reason") or "")
+              for c in ((status.get("details") or {}).get("causes") or [])]
+    return message, causes

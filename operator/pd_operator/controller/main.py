@@ -23,6 +23,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Prometheus endpoint that may receive the bearer token of a service's "
                         "spec.autoscaling.prometheus.bearerTokenSecretRef (repeatable; scheme, host, port and a path "
                         "prefix must match). None given: no token is ever read or sent")
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                   help="hold a coordination.k8s.io Lease to be the one replica that writes (default on; "
+                        "the others watch and take over within --lease-duration seconds)")
+    p.add_argument("--lease-namespace", default=None,
+                   help="namespace of the Lease (default: $POD_NAMESPACE, else the first --namespace, else default)")
+    p.add_argument("--lease-duration", type=float, default=15.0, help="seconds without renewal before a standby takes over")
+    p.add_argument("--lease-renew", type=float, default=5.0, help="seconds between renewals (and a standby's checks)")
+    p.add_argument("--webhook-port", type=int, default=0,
+                   help="serve the validating admission webhook (HTTPS, path /validate) on this port (0: off)")
+    p.add_argument("--webhook-cert", default="/etc/pd-operator/webhook/tls.crt", help="the webhook's TLS certificate")
+    p.add_argument("--webhook-key", default="/etc/pd-operator/webhook/tls.key", help="the webhook's TLS key")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -40,11 +51,23 @@ def main(argv: list[str] | None = None) -> int:
 
     handlers.STATE["namespaces"] = list(args.namespace)
     handlers.STATE["token_urls"] = list(args.prometheus_token_url)
+    if args.leader_elect:
+        import os
+
+        from .kube import Kube
+        from .leader import LeaderElector
+
+        lease_ns = args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
+        handlers.STATE["elector"] = LeaderElector(Kube(), lease_ns, duration=args.lease_duration, renew=args.lease_renew)
     if not args.verbose:
         # kopf logs every handler run at INFO; child events make that a flood.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind)
+    if args.webhook_port:
+        from .webhook import serve as serve_webhook
+
+        serve_webhook(args.bind, args.webhook_port, args.webhook_cert, args.webhook_key)
     if args.liveness_port:
         # /healthz follows the operator's own loops (controller/health.py): 503
         # when the autoscaler or the resync stops making progress.

@@ -12,6 +12,9 @@ DURATION = Histogram(
 )
 APPLIED = Counter("pd_operator_objects_applied_total", "Child objects server-side applied, by kind", ["kind"])
 PRUNED = Counter("pd_operator_objects_pruned_total", "Child objects deleted because the spec no longer renders them", ["kind"])
+API_REQUESTS = Counter("pd_operator_api_requests_total",
+                       "Requests the operator sent to the API server (its watches aside), by verb", ["verb"])
+LEADER = Gauge("pd_operator_leader", "1 while this replica holds the leader Lease (it is the one that writes)")
 READY = Gauge("pd_operator_service_ready", "1 when a PDInferenceService is Ready", ["namespace", "name"])
 
 

@@ -4,6 +4,8 @@ after a crash at any point, and it converges to the same objects."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -12,12 +14,12 @@ from datetime import datetime, timezone
 from kubernetes.client.rest import ApiException
 
 from ..api import SpecError, validate_service
-from ..api.constants import API_VERSION, KIND
+from ..api.constants import API_VERSION, GROUP, KIND
 from ..render import render
 from ..render.common import child_name, selector_labels
 from ..render.pools import pool_kind
 from . import metrics
-from .kube import Kube
+from .kube import AUTOSCALER_MANAGER, FIELD_MANAGER, REPLICAS_MANAGER, Kube, refusal
 from .status import Observed, compute_status
 
 # An event sink: (body, type, reason, message).
@@ -102,16 +104,49 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             kube.patch_status(namespace, name, status)
         return status
 
-    apply_error = None
-    scaled: dict[str, str] = {}
     pools = {child_name(svc, role): role for role in ("prefill", "decode")}
+    # What to write: a child whose rendering (its hash, kept in an annotation)
+    # is already there and that nobody else wrote since is left alone, so an
+    # idle reconcile sends no request.
+    plan = []  # (object to apply, pool role or None)
     for obj in objs:
         role = pools.get(obj["metadata"]["name"]) if obj["kind"] in ("StatefulSet", "LeaderWorkerSet") else None
+        # an existing pool's main apply leaves replicas to the replicas writer
+        # (and the hash never covers them: they are not the main apply's to keep)
+        main = obj if role is None else {**obj, "spec": {k: v for k, v in obj["spec"].items() if k != "replicas"}}
+        applied = with_hash(main)
+        if role is not None and current.get(role) is None:
+            applied = {**applied, "spec": obj["spec"]}
+        meta = applied["metadata"]
+        existing = kube.get(applied["kind"], meta["namespace"], meta["name"])
+        stale = not up_to_date(existing, meta["annotations"][HASH_ANNOTATION],
+                               OWNED.get(namespace, name, applied["kind"], meta["name"]))
+        if not stale:
+            OWNED.put(namespace, name, existing)
+        plan.append((applied, role, stale, obj["spec"].get("replicas") if role else None))
+
+    # All or nothing: the API server validates (and admits) every child that
+    # would be written before any is, so a spec it refuses creates nothing.
+    refused, apply_error = _dry_run(kube, namespace, name, [o for o, _, stale, _ in plan if stale])
+    if refused:
+        problems = [(f"{kind}/{obj_name} {path}".rstrip(), msg) for kind, obj_name, path, msg in refused]
+        if previous.get("observedGeneration") != generation:
+            event(body, "Warning", "InvalidSpec", "the API server refuses the rendered children (nothing was written): "
+                  + "; ".join(f"{f}: {m}" for f, m in problems))
+        status = compute_status(None, Observed({}, None, {}, spec_error=problems), generation, previous, now_rfc3339())
+        if _changed(previous, status):
+            kube.patch_status(namespace, name, status)
+        return status
+
+    scaled: dict[str, str] = {}
+    for obj, role, stale, desired in plan if apply_error is None else []:
         try:
             if role is None:
-                kube.apply(obj)
+                if stale:
+                    OWNED.put(namespace, name, kube.apply(obj))
+                    metrics.APPLIED.labels(obj["kind"]).inc()
             else:
-                reason = _apply_pool(kube, svc, obj, role, current.get(role))
+                reason = _apply_pool(kube, svc, obj, role, current.get(role), stale, desired)
                 if reason:
                     scaled[role] = reason
                     event(body, "Normal", "Scaled", reason)
@@ -119,7 +154,6 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             apply_error = f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err.status} {err.reason}: {_api_message(err)}"
             event(body, "Warning", "ApplyFailed", apply_error)
             break
-        metrics.APPLIED.labels(obj["kind"]).inc()
     if not current and apply_error is None:
         event(body, "Normal", "Created", f"created {len(objs)} objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs))
     if apply_error is None:
@@ -155,7 +189,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     return status
 
 
-def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None) -> str | None:
+def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stale: bool, desired: int) -> str | None:
     """Apply a pool's StatefulSet; write its replicas only when they are ours to set.
 
     The main apply never carries replicas once the pool exists, so it cannot
@@ -164,17 +198,19 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None) -> s
     pool within minReplicas..maxReplicas. Returns why the pool was resized, if it was.
     """
     namespace, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
-    desired = sts["spec"]["replicas"]
     pool = svc.spec.pool(role)
+    service = svc.metadata.name
     if current is None:
         kube.apply(sts)
-        kube.apply_replicas(sts["kind"], namespace, name, desired)
+        OWNED.put(namespace, service, kube.apply_replicas(sts["kind"], namespace, name, desired))
+        metrics.APPLIED.labels(sts["kind"]).inc()
         return None
-    main = {**sts, "spec": {k: v for k, v in sts["spec"].items() if k != "replicas"}}
-    kube.apply(main)
+    if stale:
+        OWNED.put(namespace, service, kube.apply(sts))  # rendered without replicas (see _reconcile)
+        metrics.APPLIED.labels(sts["kind"]).inc()
+    if desired == current:
+        return None
     if pool.autoscaling.enabled:
-        if desired == current:
-            return None
         why = f"kept within autoscaling.minReplicas..maxReplicas ({pool.autoscaling.min_replicas}..{pool.autoscaling.max_replicas})"
     elif pool.replicas is not None:
         why = f"spec.{role}.replicas is {desired}"
@@ -184,8 +220,182 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None) -> s
     return f"{role} pool scaled from {current} to {desired} replicas: {why}" if desired != current else None
 
 
+# The hash of the rendering a child was last applied from.
+HASH_ANNOTATION = f"{GROUP}/rendered-hash"
+OUR_MANAGERS = (FIELD_MANAGER, REPLICAS_MANAGER, AUTOSCALER_MANAGER)
+
+
+def rendered_hash(obj: dict) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
+
+
+def with_hash(obj: dict) -> dict:
+    """``obj`` with the hash of itself in an annotation."""
+    meta = obj["metadata"]
+    clean = {**obj, "metadata": {**meta, "annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
+                                                          if k != HASH_ANNOTATION}}}
+    if not clean["metadata"]["annotations"]:
+        del clean["metadata"]["annotations"]
+    h = rendered_hash(clean)
+    return {**obj, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), HASH_ANNOTATION: h}}}
+
+
+def _time(entry: dict) -> str:
+    return entry.get("time") or ""
+
+
+def _our_fields(existing: dict) -> str | None:
+    """A fingerprint of the fields the operator's apply owns in ``existing`` (None: it owns none)."""
+    entries = [e for e in ((existing.get("metadata") or {}).get("managedFields") or [])
+               if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
+    if not entries:
+        return None
+    return rendered_hash({"fields": [e.get("fieldsV1") for e in entries]})
+
+
+class Owned:
+    """The fields each child's apply owned right after the operator wrote or
+    checked it, per service. Another client writing one of those fields takes
+    it over (server-side apply), so the set shrinks: that is a hand edit to
+    undo. A write to fields the operator does not own (an annotation of
+    someone's) leaves it alone and costs no re-apply."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._fields: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+
+    def get(self, namespace: str, service: str, kind: str, name: str) -> str | None:
+        with self._guard:
+            return self._fields.get((namespace, service), {}).get((kind, name))
+
+    def put(self, namespace: str, service: str, obj: dict | None) -> None:
+        fp = _our_fields(obj) if obj else None
+        if fp is None:
+            return
+        with self._guard:
+            self._fields.setdefault((namespace, service), {})[(obj["kind"], obj["metadata"]["name"])] = fp
+
+    def forget(self, namespace: str, service: str) -> None:
+        with self._guard:
+            self._fields.pop((namespace, service), None)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
+OWNED = Owned()
+
+
+def up_to_date(existing: dict | None, want_hash: str, owned: str | None = None) -> bool:
+    """Whether ``existing`` is what the operator applied from the rendering hashed ``want_hash``
+    and nobody has changed what it applied since.
+
+    ``owned``: the fingerprint of the fields the operator owned when it last
+    wrote or checked the object (``Owned``); a hand edit of one of them moves
+    it to the editor. Without one (a new process), a write by another manager
+    to the main resource no older than the operator's apply counts as an edit;
+    the cluster's controllers (kube-*) and writes to subresources (status,
+    scale) never do."""
+    if existing is None:
+        return False
+    meta = existing.get("metadata") or {}
+    if (meta.get("annotations") or {}).get(HASH_ANNOTATION) != want_hash:
+        return False
+    entries = meta.get("managedFields") or []
+    ours = [e for e in entries if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
+    if not ours:
+        return False
+    if owned is not None:
+        return _our_fields(existing) == owned
+    applied_at = max(_time(e) for e in ours)
+    for e in entries:
+        manager = e.get("manager") or ""
+        if manager in OUR_MANAGERS or manager.startswith("kube-") or e.get("subresource"):
+            continue
+        if _time(e) >= applied_at:
+            return False
+    return True
+
+
+class Refusals:
+    """The last dry-run refusal of each service, so an unchanged bad spec is
+    not sent to the API server again at every resync (re-checked after a while:
+    what admission allows can change)."""
+
+    RECHECK_SECONDS = 600.0
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._last: dict[tuple[str, str], tuple[frozenset, list, float]] = {}
+
+    def get(self, key: tuple[str, str], hashes: frozenset) -> list | None:
+        with self._guard:
+            found = self._last.get(key)
+        if found and found[0] == hashes and time.monotonic() - found[2] < self.RECHECK_SECONDS:
+            return found[1]
+        return None
+
+    def put(self, key: tuple[str, str], hashes: frozenset, refused: list) -> None:
+        with self._guard:
+            if refused:
+                self._last[key] = (hashes, refused, time.monotonic())
+            else:
+                self._last.pop(key, None)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._guard:
+            self._last.pop((namespace, name), None)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+
+REFUSALS = Refusals()
+
+
+def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict]) -> tuple[list[tuple[str, str, str, str]], str | None]:
+    """Server-side dry-run of every object about to be written.
+
+    Returns (refusals as (kind, name, field path, message), another failure):
+    a 400/422 is the spec's fault and is reported as such; anything else (the
+    API server down, RBAC) is an apply failure. Either way nothing is written."""
+    if not objs:
+        return [], None
+    hashes = frozenset(o["metadata"]["annotations"][HASH_ANNOTATION] for o in objs)
+    known = REFUSALS.get((namespace, name), hashes)
+    if known is not None:
+        return known, None
+    refused: list[tuple[str, str, str, str]] = []
+    for obj in objs:
+        kind, obj_name = obj["kind"], obj["metadata"]["name"]
+        try:
+            kube.apply(obj, dry_run=True)
+        except ApiException as err:
+            if kind == "RoleBinding" and err.status == 404:
+                continue  # its Role is created in the same apply; a RoleBinding has no fields to refuse
+            message, causes = refusal(err)
+            if err.status in (400, 422):
+                refused += [(kind, obj_name, f, m) for f, m in causes] or [(kind, obj_name, "", message)]
+                continue
+            return [], f"dry-run of {kind}/{obj_name} failed: {err.status} {err.reason}: {message}"
+    REFUSALS.put((namespace, name), hashes, refused)
+    return refused, None
+
+
 def _changed(previous: dict, status: dict) -> bool:
-    return any(previous.get(k) != v for k, v in status.items())
+    """Whether writing ``status`` would change what is there. Only this
+    writer's part counts: the autoscaler's conditions and pool fields live
+    beside it (server-side apply keeps both), so they are left out of the comparison."""
+    for key, value in status.items():
+        before = previous.get(key)
+        if key == "conditions" and isinstance(before, list):
+            mine = {c.get("type") for c in value}
+            before = [c for c in before if c.get("type") in mine]
+        elif isinstance(value, dict) and isinstance(before, dict):
+            before = {k: v for k, v in before.items() if k in value}
+        if before != value:
+            return True
+    return False
 
 
 def _api_message(err: ApiException) -> str:

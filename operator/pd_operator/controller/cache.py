@@ -1,0 +1,176 @@
+"""What the watches have seen: the operator's reads come from here, not from requests.
+
+kopf already watches the PDInferenceServices, every child kind and the pods
+(``handlers.py``); each event lands in a ``Cache``. ``CachedKube`` answers
+the reads of the reconciler and the autoscaler from it (a GET only when the
+object has not been seen yet, e.g. just after start-up) and forwards the
+writes, keeping their responses, so with nothing changing a reconcile sends
+no request at all (``reconcile.py`` writes only what differs).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..api.constants import LABEL_MANAGED_BY, LABEL_SERVICE
+from .kube import FIELD_MANAGER, KINDS, Kube
+
+SERVICE_KIND = "PDInferenceService"
+POD_KIND = "Pod"
+# A Secret found usable is trusted this long before it is read again (a
+# missing one is read again at every reconcile, so the fix is seen at once).
+SECRET_OK_TTL_SECONDS = 600.0
+
+
+def _rv(obj: dict) -> int | None:
+    try:
+        return int(obj["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class Cache:
+    """kind -> (namespace, name) -> object, fed by watch events and write responses."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict[tuple[str, str], dict]] = {}
+
+    def put(self, kind: str, obj: dict) -> None:
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if kind == POD_KIND:  # the largest objects; nothing here reads their managed fields
+            obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        with self._lock:
+            table = self._objects.setdefault(kind, {})
+            old = table.get(key)
+            # a watch event older than a write response already kept is stale
+            if old is not None and _rv(old) is not None and _rv(obj) is not None and _rv(obj) < _rv(old):
+                return
+            table[key] = obj
+
+    def remove(self, kind: str, namespace: str, name: str) -> None:
+        with self._lock:
+            self._objects.get(kind, {}).pop((namespace, name), None)
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        with self._lock:
+            return self._objects.get(kind, {}).get((namespace, name))
+
+    def has(self, kind: str, namespace: str, name: str) -> bool:
+        with self._lock:
+            return (namespace, name) in self._objects.get(kind, {})
+
+    def select(self, kind: str, namespace: str | None, selector: dict[str, str]) -> list[dict]:
+        with self._lock:
+            objs = list(self._objects.get(kind, {}).items())
+        return [o for (ns, _), o in objs if namespace in (None, ns)
+                and selector.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
+
+    def forget_service(self, namespace: str, name: str) -> None:
+        """Drop a deleted service and everything labelled as its child."""
+        with self._lock:
+            self._objects.get(SERVICE_KIND, {}).pop((namespace, name), None)
+            for kind, table in self._objects.items():
+                for key in [k for k, o in table.items() if k[0] == namespace
+                            and ((o.get("metadata") or {}).get("labels") or {}).get(LABEL_SERVICE) == name]:
+                    del table[key]
+
+    def size(self) -> int:
+        with self._lock:
+            return sum(len(t) for t in self._objects.values())
+
+
+class CachedKube:
+    """``Kube``'s interface; reads from a ``Cache``, writes through to the API server."""
+
+    def __init__(self, kube: Kube, cache: Cache, clock: Callable[[], float] = time.monotonic):
+        self.kube, self.cache, self.clock = kube, cache, clock
+        self._secrets_ok: dict[tuple[str, str, str], float] = {}
+
+    def __getattr__(self, name: str) -> Any:  # everything not read from the cache
+        return getattr(self.kube, name)
+
+    # -- reads ---------------------------------------------------------------------
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        obj = self.cache.get(kind, namespace, name)
+        if obj is not None:
+            return obj
+        obj = self.kube.get(kind, namespace, name)  # not seen yet (start-up): ask once
+        if obj is not None:
+            self.cache.put(kind, obj)
+        return obj
+
+    def list(self, kind: str, namespace: str, selector: dict[str, str]) -> list[dict]:
+        return self.cache.select(kind if kind in KINDS else POD_KIND, namespace, selector)
+
+    def pods(self, namespace: str, selector: dict[str, str]) -> list[dict]:
+        return self.cache.select(POD_KIND, namespace, selector)
+
+    def get_service(self, namespace: str, name: str) -> dict | None:
+        return self.cache.get(SERVICE_KIND, namespace, name)
+
+    def list_services(self, namespace: str | None) -> list[dict]:
+        return self.cache.select(SERVICE_KIND, namespace, {})
+
+    def create_failures(self, namespace: str, kind: str, name: str) -> list[dict]:
+        """Only asked while the StatefulSet has fewer pods than it wants (a refused
+        pod create is the one thing that reads events)."""
+        sts = self.cache.get(kind, namespace, name)
+        if sts is not None:
+            want = (sts.get("spec") or {}).get("replicas")
+            have = (sts.get("status") or {}).get("replicas") or 0
+            if want is not None and have >= want:
+                return []
+        return self.kube.create_failures(namespace, kind, name)
+
+    def secret_problem(self, namespace: str, name: str, key: str) -> str | None:
+        k = (namespace, name, key)
+        now = self.clock()
+        if now - self._secrets_ok.get(k, -1e18) < SECRET_OK_TTL_SECONDS:
+            return None
+        problem = self.kube.secret_problem(namespace, name, key)
+        if problem is None:
+            self._secrets_ok[k] = now
+        else:
+            self._secrets_ok.pop(k, None)
+        return problem
+
+    # -- writes --------------------------------------------------------------------
+    def apply(self, obj: dict, manager: str = FIELD_MANAGER, dry_run: bool = False) -> dict:
+        if dry_run:
+            return self.kube.apply(obj, manager=manager, dry_run=True)
+        out = self.kube.apply(obj, manager=manager)
+        if out:
+            self.cache.put(obj["kind"], out)
+        return out
+
+    def apply_replicas(self, kind: str, namespace: str, name: str, replicas: int) -> dict:
+        out = self.kube.apply_replicas(kind, namespace, name, replicas)
+        if out:
+            self.cache.put(kind, out)
+        return out
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self.kube.delete(kind, namespace, name)
+        self.cache.remove(kind, namespace, name)
+
+    def prune(self, namespace: str, service: str, keep: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Delete the children the watches saw that the current spec no longer renders."""
+        removed = []
+        selector = {LABEL_SERVICE: service, LABEL_MANAGED_BY: FIELD_MANAGER}
+        for kind in KINDS:
+            for obj in self.cache.select(kind, namespace, selector):
+                key = (kind, obj["metadata"]["name"])
+                if key not in keep:
+                    self.delete(kind, namespace, key[1])
+                    removed.append(key)
+        return removed
+
+    def forget_service(self, namespace: str, name: str) -> None:
+        self.cache.forget_service(namespace, name)
+        for k in [k for k in self._secrets_ok if k[0] == namespace]:
+            self._secrets_ok.pop(k, None)

@@ -1,0 +1,147 @@
+"""Leader election on a coordination.k8s.io Lease, as Kubernetes' own controllers do.
+
+Every replica watches and caches (so a standby is warm); only the holder of
+the Lease reconciles, resyncs and autoscales. The holder renews every
+``renew`` seconds; a standby takes the Lease over when its record has not
+changed for ``duration`` seconds by the standby's own clock (no clock
+agreement between nodes is needed), or at once when the holder released it
+on a clean shutdown (a rolling update then has no gap). A holder that cannot
+renew within ``duration`` steps down before anyone else can take over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "pd-operator-leader"
+
+
+def _micro_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def default_identity() -> str:
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+class LeaderElector:
+    def __init__(self, kube, namespace: str, name: str = LEASE_NAME, identity: str | None = None,
+                 duration: float = 15.0, renew: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[bool], None] | None = None):
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self.identity = identity or default_identity()
+        self.duration, self.renew, self.clock = duration, renew, clock
+        self.on_change = on_change
+        self.leading = threading.Event()
+        self._observed: tuple[str, str, str] | None = None  # (holder, renewTime, resourceVersion) last seen
+        self._observed_at = 0.0
+        self._last_renewed = 0.0
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
+
+    def _set(self, leading: bool) -> None:
+        if leading == self.leading.is_set():
+            return
+        if leading:
+            self.leading.set()
+        else:
+            self.leading.clear()
+        log.info("%s %s the lease %s/%s", self.identity, "holds" if leading else "does not hold",
+                 self.namespace, self.name)
+        if self.on_change:
+            self.on_change(leading)
+
+    def _record(self, holder: str, transitions: int, acquire: str | None) -> dict:
+        now = _micro_now()
+        return {"holderIdentity": holder, "leaseDurationSeconds": int(self.duration),
+                "acquireTime": acquire or now, "renewTime": now, "leaseTransitions": transitions}
+
+    def try_once(self) -> bool:
+        """One round: acquire or renew. Returns whether this replica leads afterwards."""
+        now = self.clock()
+        try:
+            lease = self.kube._call("GET", self.path)
+        except ApiException as err:
+            if err.status != 404:
+                return self._failed(now, err)
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": self._record(self.identity, 0, None)}
+            try:
+                self.kube._call("POST", self.path.rsplit("/", 1)[0], body=body)
+            except ApiException as err2:
+                return self._failed(now, err2)
+            self._last_renewed = now
+            self._set(True)
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        seen = (holder, spec.get("renewTime") or "", (lease.get("metadata") or {}).get("resourceVersion") or "")
+        if seen != self._observed:
+            self._observed, self._observed_at = seen, now
+        if holder and holder != self.identity and now - self._observed_at < self.duration:
+            self._set(False)  # someone else holds a live lease
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+        acquire = spec.get("acquireTime") if holder == self.identity else None
+        record = self._record(self.identity, transitions, acquire)
+        try:  # resourceVersion in the patch is a precondition: of two replicas taking over at once, one wins (409)
+            self._patch(lease, record)
+        except ApiException as err:
+            return self._failed(now, err)
+        self._last_renewed = now
+        self._observed = None  # the next read sees our own write as a change
+        self._observed_at = now
+        self._set(True)
+        return True
+
+    def _patch(self, lease: dict, spec: dict) -> None:
+        """A merge patch (RBAC: patch, no update) conditional on the version read."""
+        body = {"metadata": {"resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}, "spec": spec}
+        self.kube._call("PATCH", self.path, body=body, content_type="application/merge-patch+json")
+
+    def _failed(self, now: float, err: Exception) -> bool:
+        if self.leading.is_set() and now - self._last_renewed >= self.duration - self.renew:
+            log.warning("could not renew the lease for %.0fs (%s): stepping down", now - self._last_renewed, err)
+            self._set(False)
+        elif isinstance(err, ApiException) and err.status == 403:
+            log.error("may not get/create/patch the Lease %s/%s (%s): grant it (the chart's %s Role does), set "
+                      "--lease-namespace (or POD_NAMESPACE) to where it may, or run one replica with --no-leader-elect",
+                      self.namespace, self.name, err.reason, "-leader")
+        elif not isinstance(err, ApiException) or err.status != 409:
+            log.warning("lease %s/%s: %s", self.namespace, self.name, err)
+        return self.leading.is_set()
+
+    def release(self) -> None:
+        """Give the lease up now (clean shutdown): the standby takes over at its next round."""
+        if not self.leading.is_set():
+            return
+        self._set(False)
+        try:
+            lease = self.kube._call("GET", self.path)
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                self._patch(lease, {"holderIdentity": ""})
+        except Exception as err:  # noqa: BLE001 - the lease then expires by itself
+            log.warning("could not release the lease: %s", err)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.try_once()
+            except Exception as err:  # noqa: BLE001 - never let the loop die
+                self._failed(self.clock(), err)
+            stop.wait(self.renew)
+        self.release()

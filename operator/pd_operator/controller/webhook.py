@@ -1,0 +1,88 @@
+"""A validating admission webhook: ``kubectl apply`` of a PDInferenceService
+gets the same answer ``pdctl validate`` gives (the spec model and its rules,
+then a render, which checks extraArgs against the pinned engine's and
+router's flag sets), at once, with the field path and the fix.
+
+Served over HTTPS (the API server only calls webhooks over TLS) on a daemon
+thread by every replica (it keeps no state). The chart registers it with
+``failurePolicy: Ignore``, so an operator that is down never blocks the
+cluster: the reconciler still reports the same problems in status.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from ..api import SpecError, validate_service
+
+log = logging.getLogger(__name__)
+PATH = "/validate"
+
+
+def review(admission_review: dict) -> dict:
+    """The AdmissionReview response for one AdmissionReview request."""
+    request = admission_review.get("request") or {}
+    response: dict = {"uid": request.get("uid", ""), "allowed": True}
+    obj = request.get("object")
+    if request.get("operation") in ("CREATE", "UPDATE") and obj:
+        problem = check(obj, request.get("namespace"))
+        if problem:
+            response = {**response, "allowed": False,
+                        "status": {"code": 422, "reason": "Invalid", "message": problem}}
+    return {"apiVersion": admission_review.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview",
+            "response": response}
+
+
+def check(obj: dict, namespace: str | None = None) -> str | None:
+    """Why ``obj`` is refused (None: it is not), as ``pdctl validate`` says it."""
+    from ..render import render
+
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # a service on its way out (finalizers) is not judged again
+    try:
+        svc = validate_service(obj)
+        if namespace and not svc.metadata.namespace:
+            svc.metadata.namespace = namespace
+        render(svc)
+    except SpecError as err:
+        return str(err)
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        if self.path.split("?", 1)[0] != PATH:
+            self.send_error(404)
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            out = json.dumps(review(body)).encode()
+        except Exception as err:  # noqa: BLE001 - a bad request is the caller's; answer, never crash
+            log.warning("webhook: bad AdmissionReview: %s", err)
+            self.send_error(400, str(err)[:200])
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(host: str, port: int, certfile: str, keyfile: str) -> ThreadingHTTPServer:
+    """Serve the webhook over TLS on a daemon thread; returns the server (``.shutdown()`` stops it)."""
+    server = ThreadingHTTPServer((host, port), _Handler)
+    server.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile, keyfile)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, name="webhook", daemon=True).start()
+    return server

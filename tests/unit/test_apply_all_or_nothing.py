@@ -1,0 +1,189 @@
+"""Issue 15: a reconcile writes nothing unless the API server accepts every
+child that would be written (server-side dry-run first), and writes only the
+children whose rendering differs from what is there."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pd_operator.controller.reconcile import reconcile
+from tests.conftest import minimal
+from tests.unit.fakeapi import FakeApi, toleration_exists_with_value
+
+NS = "ns"
+
+
+def add_service(api: FakeApi, name: str = "svc", **spec) -> None:
+    body = minimal(**spec)
+    body["metadata"] = {"namespace": NS, "name": name, "uid": f"uid-{name}", "generation": 1}
+    api.services[(NS, name)] = body
+
+
+def run(api: FakeApi, name: str = "svc") -> tuple[dict | None, list]:
+    events: list = []
+    body = api.get_service(NS, name)
+    try:
+        status = reconcile(api, body, lambda b, t, r, m: events.append((t, r, m)))
+    except RuntimeError:
+        status = None
+    return status, events
+
+
+BAD_TOLERATION = {"tolerations": [{"key": "gpu", "operator": "Exists", "value": "yes"}]}
+
+
+def test_a_child_the_api_server_refuses_means_nothing_is_created():
+    api = FakeApi(refuse=toleration_exists_with_value)
+    add_service(api, decode=BAD_TOLERATION)
+    run(api)
+    # before: the Services, PDB and the prefill StatefulSet were applied, then the decode one failed
+    assert api.objects == {}, sorted(api.objects)
+    assert [c for c in api.calls if c[0] == "apply"] == []
+    ready = api.services[(NS, "svc")]["status"]["conditions"][0]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    # the object and the field path the API server named, and its words
+    assert "StatefulSet/svc-decode spec.template.spec.tolerations[0].value" in ready["message"]
+    assert "value must be empty when `operator` is 'Exists'" in ready["message"]
+
+
+def test_a_refused_edit_leaves_the_running_children_as_they_were():
+    api = FakeApi(refuse=toleration_exists_with_value)
+    add_service(api)
+    run(api)
+    before = copy.deepcopy(api.objects)
+    assert before
+    svc = api.services[(NS, "svc")]
+    svc["spec"]["decode"] = copy.deepcopy(BAD_TOLERATION)
+    svc["spec"]["router"]["replicas"] = 2  # a good change in the same edit is not applied either
+    svc["metadata"]["generation"] = 2
+    api.calls.clear()
+    run(api)
+    assert [c for c in api.calls if c[0] in ("apply", "apply_replicas", "delete")] == []
+    assert api.objects == before
+    assert api.services[(NS, "svc")]["status"]["conditions"][0]["reason"] == "InvalidSpec"
+
+
+def test_the_same_refused_spec_is_not_dry_run_again_at_every_resync():
+    api = FakeApi(refuse=toleration_exists_with_value)
+    add_service(api, name="again", decode=BAD_TOLERATION)
+    run(api, "again")
+    api.calls.clear()
+    run(api, "again")
+    assert [c for c in api.calls if c[0].startswith("apply")] == []
+
+
+def test_an_unchanged_service_is_not_written_again():
+    api = FakeApi()
+    add_service(api)
+    run(api)
+    assert len([c for c in api.calls if c[0] == "apply"]) == 13
+    api.calls.clear()
+    run(api)
+    # before: every child applied again at every reconcile (13 PATCHes per service per resync)
+    assert api.writes() == []
+
+
+def test_only_the_edited_child_is_written_when_the_spec_changes():
+    api = FakeApi()
+    add_service(api)
+    run(api)
+    svc = api.services[(NS, "svc")]
+    svc["spec"]["router"]["resources"] = {"requests": {"cpu": "2"}}
+    svc["metadata"]["generation"] = 2
+    api.calls.clear()
+    run(api)
+    assert [c for c in api.calls if c[0] in ("apply", "apply-dry-run")] == \
+        [("apply-dry-run", "Deployment"), ("apply", "Deployment")]
+
+
+def test_a_hand_edit_is_restored_and_a_controller_status_write_is_not_mistaken_for_one():
+    api = FakeApi()
+    add_service(api)
+    run(api)
+    key = ("StatefulSet", NS, "svc-prefill")
+    rendered_image = api.objects[key]["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    def set_status(o):
+        o["status"] = {"replicas": 1, "readyReplicas": 1}
+
+    api.edit(*key, set_status, manager="kube-controller-manager", subresource="status")
+    api.calls.clear()
+    run(api)
+    assert [c for c in api.calls if c[0] == "apply"] == []
+
+    def hand_edit(o):
+        o["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+
+    api.edit(*key, hand_edit, manager="kubectl-edit")
+    api.calls.clear()
+    run(api)
+    assert [c for c in api.calls if c[0] == "apply"] == [("apply", "StatefulSet")]
+    assert api.objects[key]["spec"]["template"]["spec"]["containers"][0]["image"] == rendered_image
+
+
+def test_someone_elses_annotation_is_left_alone_and_costs_no_write():
+    api = FakeApi()
+    add_service(api)
+    run(api)
+    key = ("StatefulSet", NS, "svc-decode")
+
+    def annotate(o):
+        o["metadata"].setdefault("annotations", {})["team.example/owner"] = "alice"
+
+    api.edit(*key, annotate, manager="kubectl-annotate")
+    for _ in range(2):
+        api.calls.clear()
+        run(api)
+        # a field the operator does not own: nothing to restore, so no write at every reconcile
+        assert [c for c in api.calls if c[0] == "apply"] == []
+    assert api.objects[key]["metadata"]["annotations"]["team.example/owner"] == "alice"
+
+    def hand_edit(o):
+        o["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 42
+
+    api.edit(*key, hand_edit, manager="kubectl-patch")
+    api.calls.clear()
+    run(api)
+    assert [c for c in api.calls if c[0] == "apply"] == [("apply", "StatefulSet")]
+    assert api.objects[key]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600
+
+
+def test_a_child_deleted_by_hand_is_created_again():
+    api = FakeApi()
+    add_service(api)
+    run(api)
+    del api.objects[("NetworkPolicy", NS, "svc-router")]
+    api.calls.clear()
+    run(api)
+    assert [c for c in api.calls if c[0] == "apply"] == [("apply", "NetworkPolicy")]
+
+
+@pytest.mark.parametrize("autoscaled", [False, True])
+def test_replicas_are_written_only_when_they_differ(autoscaled):
+    api = FakeApi()
+    pool = {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4}} if autoscaled else {"replicas": 2}
+    add_service(api, decode=pool)
+    run(api)
+    api.calls.clear()
+    run(api)
+    # before: a pool with spec.replicas had its replicas applied at every reconcile
+    assert [c for c in api.calls if c[0] == "apply_replicas"] == []
+
+
+def test_the_autoscalers_part_of_status_does_not_make_the_reconciler_write_status_again():
+    """Conditions and pool fields the autoscaler owns live beside the
+    reconciler's (server-side apply): an idle reconcile of an autoscaled
+    service must not see them as a change of its own status."""
+    api = FakeApi()
+    add_service(api, decode={"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4}})
+    run(api)
+    status = api.services[(NS, "svc")]["status"]
+    status["conditions"].append({"type": "AutoscalingActive", "status": "True", "reason": "Deciding", "message": "m"})
+    status["decode"]["autoscaler"] = {"recommendations": [[1.0, 1]], "changes": []}
+    status["metrics"] = {"observedAt": "2026-01-01T00:00:00Z"}
+    api.calls.clear()
+    run(api)
+    # before: every reconcile of an autoscaled service wrote status again
+    assert [c for c in api.calls if c[0] == "patch_status"] == []

@@ -1,0 +1,325 @@
+"""Issue 15: reads from the watches (no request when nothing changes), one
+keyed work queue (coalescing, per-key backoff, eviction) and the Lease that
+makes one replica of several the writer."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+from kubernetes.client.rest import ApiException
+
+from pd_operator.controller import handlers
+from pd_operator.controller.cache import SERVICE_KIND, Cache, CachedKube
+from pd_operator.controller.leader import LeaderElector
+from pd_operator.controller.reconcile import reconcile
+from pd_operator.controller.workqueue import WorkQueue
+from tests.conftest import minimal
+from tests.unit.fakeapi import FakeApi
+
+NS = "ns"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# --------------------------------------------------------------------------
+# the watch cache: an idle reconcile sends nothing
+# --------------------------------------------------------------------------
+
+
+def watched(api: FakeApi, cache: Cache) -> None:
+    """What the watches deliver: every object the fake API server holds (the
+    StatefulSets with the pods their controller made)."""
+    for (kind, _, _), obj in api.objects.items():
+        if kind == "StatefulSet":
+            obj["status"] = {"replicas": obj["spec"]["replicas"]}
+        cache.put(kind, copy.deepcopy(obj))
+    for body in api.services.values():
+        cache.put(SERVICE_KIND, copy.deepcopy(body))
+
+
+def test_an_idle_reconcile_from_the_cache_sends_no_request_at_all():
+    api, cache = FakeApi(), Cache()
+    body = minimal(engine={"kind": "vllm", "apiKeySecretRef": {"name": "key", "key": "k"}})
+    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1}
+    api.services[(NS, "svc")] = body
+    kube = CachedKube(api, cache)
+    watched(api, cache)
+    for _ in range(2):  # created; then the status with the pods the StatefulSet controller made
+        reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+        watched(api, cache)
+    api.calls.clear()
+    for _ in range(3):
+        reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+        watched(api, cache)
+    # before: ~28 requests per reconcile (GET and PATCH of every child, nine LISTs to prune, pods, events, the Secret)
+    assert api.calls == []
+
+
+def test_prune_reads_the_cache_and_deletes_what_the_spec_no_longer_renders():
+    api, cache = FakeApi(), Cache()
+    body = minimal()
+    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1}
+    api.services[(NS, "svc")] = body
+    kube = CachedKube(api, cache)
+    watched(api, cache)
+    for _ in range(2):
+        reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+        watched(api, cache)
+    stray = {  # a child an earlier spec rendered
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "svc-old", "namespace": NS,
+                     "labels": {"pdserving.io/service": "svc", "app.kubernetes.io/managed-by": "pd-operator"}}}
+    api.objects[("ConfigMap", NS, "svc-old")] = stray
+    watched(api, cache)
+    api.calls.clear()
+    reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+    assert api.calls == [("delete", "ConfigMap")]
+    assert ("ConfigMap", NS, "svc-old") not in api.objects and not cache.has("ConfigMap", NS, "svc-old")
+
+
+def test_a_stale_watch_event_does_not_overwrite_a_newer_write_response():
+    cache = Cache()
+    cache.put("Service", {"metadata": {"namespace": NS, "name": "a", "resourceVersion": "20"}, "spec": {"new": 1}})
+    cache.put("Service", {"metadata": {"namespace": NS, "name": "a", "resourceVersion": "19"}, "spec": {"old": 1}})
+    assert cache.get("Service", NS, "a")["spec"] == {"new": 1}
+
+
+def test_events_are_read_only_while_a_pool_misses_pods():
+    api, cache = FakeApi(), Cache()
+    kube = CachedKube(api, cache)
+    sts = {"metadata": {"namespace": NS, "name": "p"}, "spec": {"replicas": 2}, "status": {"replicas": 2}}
+    cache.put("StatefulSet", sts)
+    assert kube.create_failures(NS, "StatefulSet", "p") == [] and api.calls == []
+    cache.put("StatefulSet", {**sts, "status": {"replicas": 1}})
+    kube.create_failures(NS, "StatefulSet", "p")
+    assert api.calls == [("list", "Event")]
+
+
+# --------------------------------------------------------------------------
+# the work queue
+# --------------------------------------------------------------------------
+
+
+def test_requests_for_one_key_coalesce_into_one_run():
+    seen = []
+    q = WorkQueue(seen.append, clock=Clock())
+    for _ in range(5):
+        q.add(("ns", "a"))
+    q.add(("ns", "b"))
+    while q.run_once():
+        pass
+    assert sorted(seen) == [("ns", "a"), ("ns", "b")]
+
+
+def test_a_key_added_while_it_runs_runs_once_more_afterwards():
+    seen = []
+    q: WorkQueue
+
+    def process(key):
+        seen.append(key)
+        if len(seen) == 1:
+            q.add(key)
+            q.add(key)
+
+    q = WorkQueue(process, clock=Clock())
+    q.add("a")
+    while q.run_once():
+        pass
+    assert seen == ["a", "a"]
+
+
+def test_a_delayed_add_waits_and_an_earlier_request_wins():
+    clock = Clock()
+    q = WorkQueue(lambda k: None, clock=clock)
+    q.add("a", delay=0.5)
+    assert q.run_once() is None
+    q.add("a", delay=10)  # does not put it off
+    clock.t += 0.5
+    assert q.run_once() == "a"
+
+
+def test_failures_back_off_per_key_and_a_success_resets():
+    clock = Clock()
+    fail = {"a": 3}
+
+    def process(key):
+        if fail.get(key, 0) > 0:
+            fail[key] -= 1
+            raise RuntimeError("refused")
+
+    q = WorkQueue(process, clock=clock, backoff=(1, 2, 5))
+    q.add("a")
+    q.add("b")
+    assert {q.run_once(), q.run_once()} == {"a", "b"}
+    assert q.failures("a") == 1 and q.due_in("a") == 1 and q.due_in("b") is None
+    clock.t += 1
+    assert q.run_once() == "a" and q.due_in("a") == 2
+    clock.t += 2
+    assert q.run_once() == "a" and q.due_in("a") == 5
+    clock.t += 5
+    assert q.run_once() == "a" and q.failures("a") == 0 and q.due_in("a") is None
+
+
+def test_forget_drops_a_deleted_services_key_and_its_backoff():
+    clock = Clock()
+    q = WorkQueue(lambda k: (_ for _ in ()).throw(RuntimeError()), clock=clock)
+    q.add("gone")
+    q.run_once()
+    assert q.state_size() == 1
+    q.forget("gone")
+    clock.t += 100
+    assert q.run_once() is None and q.state_size() == 0
+
+
+def test_a_standby_queue_takes_nothing_until_it_leads():
+    active = threading.Event()
+    seen = []
+    q = WorkQueue(seen.append, clock=Clock(), active=active)
+    q.add("a")
+    assert q.run_once() is None
+    active.set()
+    assert q.run_once() == "a" and seen == ["a"]
+
+
+def test_a_status_only_change_of_a_service_queues_nothing_but_a_spec_edit_does(monkeypatch):
+    q = WorkQueue(lambda k: None, clock=Clock())
+    monkeypatch.setattr(handlers, "QUEUE", q)
+    body = minimal()
+    body["metadata"] = {"namespace": "qns", "name": "s", "uid": "u", "generation": 1}
+    handlers.on_service_event({"type": "ADDED", "object": copy.deepcopy(body)})
+    assert q.run_once() == ("qns", "s")
+    handlers.on_service_event({"type": "MODIFIED", "object": {**copy.deepcopy(body), "status": {"x": 1}}})
+    assert q.run_once() is None
+    body["metadata"]["generation"] = 2
+    handlers.on_service_event({"type": "MODIFIED", "object": copy.deepcopy(body)})
+    assert q.run_once() == ("qns", "s")
+    handlers.on_service_event({"type": "DELETED", "object": copy.deepcopy(body)})
+    assert handlers.CACHE.get(SERVICE_KIND, "qns", "s") is None
+
+
+# --------------------------------------------------------------------------
+# the Lease
+# --------------------------------------------------------------------------
+
+
+class LeaseApi:
+    """One Lease object with resourceVersion checks, as the API server keeps it."""
+
+    def __init__(self):
+        self.lease: dict | None = None
+        self.rv = 0
+        self.down: set[str] = set()
+
+    def client(self, who: str):
+        api = self
+
+        class Client:
+            def _call(self, method, path, body=None, **kw):
+                if who in api.down:
+                    raise ConnectionError("unreachable")
+                if method == "GET":
+                    if api.lease is None:
+                        raise ApiException(status=404, reason="Not Found")
+                    return copy.deepcopy(api.lease)
+                if method == "POST":
+                    if api.lease is not None:
+                        raise ApiException(status=409, reason="Conflict")
+                    new = copy.deepcopy(body)
+                else:  # a merge patch; its resourceVersion is a precondition
+                    assert method == "PATCH" and kw.get("content_type") == "application/merge-patch+json"
+                    if body["metadata"].get("resourceVersion") != str(api.rv):
+                        raise ApiException(status=409, reason="Conflict", body=json.dumps({"reason": "Conflict"}))
+                    new = copy.deepcopy(api.lease)
+                    new["spec"].update(body["spec"])
+                api.rv += 1
+                new["metadata"]["resourceVersion"] = str(api.rv)
+                api.lease = new
+                return copy.deepcopy(api.lease)
+
+        return Client()
+
+
+def test_one_replica_leads_and_the_standby_takes_over_when_it_stops_renewing():
+    store, clock = LeaseApi(), Clock()
+    a = LeaderElector(store.client("a"), NS, identity="a", duration=15, renew=5, clock=clock)
+    b = LeaderElector(store.client("b"), NS, identity="b", duration=15, renew=5, clock=clock)
+    assert a.try_once() is True
+    assert b.try_once() is False
+    for _ in range(5):  # a renews; b keeps seeing a live lease
+        clock.t += 5
+        assert a.try_once() and not b.try_once()
+    store.down.add("a")  # kill -9 of a: no more renewals
+    clock.t += 5
+    assert not b.try_once()
+    clock.t += 5
+    assert not b.try_once()  # 10 s after it last saw a change: not yet
+    clock.t += 5
+    assert b.try_once() is True and store.lease["spec"]["holderIdentity"] == "b"
+    assert store.lease["spec"]["leaseTransitions"] == 1
+    # a, cut off, steps down by itself before b could have taken over
+    assert a.leading.is_set() is False or a._failed(clock(), ConnectionError()) is False
+
+
+def test_a_released_lease_is_taken_at_the_next_check():
+    store, clock = LeaseApi(), Clock()
+    a = LeaderElector(store.client("a"), NS, identity="a", clock=clock)
+    b = LeaderElector(store.client("b"), NS, identity="b", clock=clock)
+    a.try_once()
+    b.try_once()
+    a.release()
+    assert not a.leading.is_set()
+    assert b.try_once() is True
+
+
+def test_a_takeover_from_a_stale_read_loses_to_the_one_that_wrote_first():
+    store, clock = LeaseApi(), Clock()
+    a = LeaderElector(store.client("a"), NS, identity="a", clock=clock)
+    a.try_once()
+    b = LeaderElector(store.client("b"), NS, identity="b", clock=clock)
+    c = LeaderElector(store.client("c"), NS, identity="c", clock=clock)
+    b.try_once(), c.try_once()
+    store.down.add("a")
+    clock.t += 20
+    before = copy.deepcopy(store.lease)  # what c reads, just before b writes
+    assert b.try_once() is True
+    real = store.client("c")
+
+    class StaleRead:
+        def _call(self, method, path, body=None, **kw):
+            return copy.deepcopy(before) if method == "GET" else real._call(method, path, body=body, **kw)
+
+    c.kube = StaleRead()
+    assert c.try_once() is False  # its PUT carries the old resourceVersion: 409
+    assert store.lease["spec"]["holderIdentity"] == "b"
+
+
+def test_a_standby_with_queued_keys_sleeps_instead_of_spinning():
+    """Seen on the cluster: a standby's workers spun on due keys they may not
+    take (1.3 cores for 4 workers), starving its watch loop."""
+    import time
+
+    active = threading.Event()
+    q = WorkQueue(lambda k: None, active=active)
+    for i in range(20):
+        q.add(i)
+    q.start(4)
+    try:
+        t0 = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - t0 < 0.2
+        active.set()
+        q.wake()
+        deadline = time.monotonic() + 5
+        while q.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert q.pending() == 0
+    finally:
+        q.stop()

@@ -1,0 +1,66 @@
+"""Issue 15: the validating admission webhook answers as ``pdctl validate``
+does, over TLS, so ``kubectl apply`` of a bad spec fails at once with the field."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import urllib.request
+
+import pytest
+
+from pd_operator.controller.webhook import review, serve
+from tests.conftest import minimal
+
+
+def admission(obj: dict, operation: str = "CREATE") -> dict:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "abc-123", "operation": operation, "namespace": "team-a", "object": obj}}
+
+
+def test_an_unknown_engine_flag_is_refused_with_the_field_path():
+    bad = minimal("sglang", prefill={"extraArgs": ["--pd-disaggregation"]})
+    out = review(admission(bad))
+    assert out["kind"] == "AdmissionReview" and out["response"]["uid"] == "abc-123"
+    assert out["response"]["allowed"] is False and out["response"]["status"]["code"] == 422
+    assert "spec.prefill.extraArgs" in out["response"]["status"]["message"]
+    assert "--pd-disaggregation" in out["response"]["status"]["message"]
+
+
+def test_a_managed_flag_and_an_unknown_router_flag_are_refused():
+    for bad, where in ((minimal("vllm", decode={"extraArgs": ["--port", "1"]}), "spec.decode.extraArgs"),
+                       (minimal("vllm", router={"extraArgs": ["--no-such-router-flag"]}), "spec.router.extraArgs")):
+        out = review(admission(bad, "UPDATE"))
+        assert out["response"]["allowed"] is False and where in out["response"]["status"]["message"], out
+
+
+def test_a_valid_spec_and_a_delete_are_allowed():
+    assert review(admission(minimal("vllm")))["response"] == {"uid": "abc-123", "allowed": True}
+    bad = minimal("sglang", prefill={"extraArgs": ["--pd-disaggregation"]})
+    assert review(admission(bad, "DELETE"))["response"]["allowed"] is True
+
+
+@pytest.fixture
+def cert(tmp_path):
+    key, crt = tmp_path / "tls.key", tmp_path / "tls.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    return crt, key
+
+
+def test_served_over_tls_as_the_api_server_calls_it(cert):
+    crt, key = cert
+    server = serve("127.0.0.1", 0, str(crt), str(key))
+    try:
+        port = server.server_address[1]
+        ctx = ssl.create_default_context(cafile=str(crt))
+        bad = minimal("vllm", prefill={"extraArgs": ["--no-such-flag"]})
+        req = urllib.request.Request(f"https://127.0.0.1:{port}/validate", data=json.dumps(admission(bad)).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            out = json.loads(resp.read())
+        assert out["response"]["allowed"] is False and "spec.prefill.extraArgs" in out["response"]["status"]["message"]
+    finally:
+        server.shutdown()
