@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import shlex
 import signal
 import socket
@@ -243,6 +244,10 @@ def start_prometheus(kubeconfig: str, namespace: str) -> str:
             say(f"prometheus: already running, {url} (pid {pid})")
             return url
     stop_bg("prometheus")
+    # a fresh TSDB: series left by an earlier cluster carry the same namespace and
+    # service labels, and would be read as this service's latency (seen: a new
+    # service reporting the previous demo's 4.3 s TTFT and scaled on it)
+    shutil.rmtree(RUN / "prometheus-data", ignore_errors=True)
     conf.write_text(cfg)
     prev = int(addr_file.read_text().split(":")[1]) if addr_file.is_file() else 19090
     addr = f"127.0.0.1:{free_port(prefer=prev)}"

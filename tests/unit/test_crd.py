@@ -71,6 +71,7 @@ def operated_service(written: list | None = None) -> dict:
     """The vllm-autoscaling example as stored after the operator's two writers
     ran on an in-memory cluster: the reconciler (pods up) and one autoscaler
     round. ``written`` collects every status they sent."""
+    from pd_operator.autoscale.diagnose import Signals
     from pd_operator.autoscale.promql import Observation
     from pd_operator.controller.autoscaler import Autoscaler
     from pd_operator.controller.reconcile import reconcile
@@ -96,7 +97,11 @@ def operated_service(written: list | None = None) -> dict:
     reconcile(kube, kube.get_service(ns, name), events)
     seen = {"prefill": 0.412, "decode": 0.031}
     signals = lambda prom, engine, role, q, secondaries=frozenset(): {(ns, name): Observation(seen[role], 100.0)}  # noqa: E731
-    Autoscaler(kube, signals, events).run_once([kube.get_service(ns, name)], force=True)
+    # the router and engines answer, no errors: the diagnosis writes Serving=True
+    healthy = Signals(workers=10, healthy=10, unhealthy=0, worker_errors=0, requests=100, kv_failures=0, overload=0,
+                      not_found=0)
+    Autoscaler(kube, signals, events, diagnosis=lambda prom, engine, router: {(ns, name): healthy}).run_once(
+        [kube.get_service(ns, name)], force=True)
     obj = cluster.get("PDInferenceService", ns, name)
     ready = [c for c in obj["status"]["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True", obj["status"]["conditions"]
