@@ -35,7 +35,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .promql import NS, SERVICE, by_service
+from .promql import NS, SERVICE, by_service, samples
 
 BY = f"{NS}, {SERVICE}"
 # How far back the counters are read: a failure shows within two scrapes and clears
@@ -88,12 +88,7 @@ def merge(results: list[list[dict]]) -> list[dict]:
     """The instant vectors of one signal's queries, summed per label set."""
     total: dict[tuple, tuple[dict, float]] = {}
     for result in results:
-        for series in result or []:
-            labels = series.get("metric", {})
-            try:
-                value = float(series["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
+        for labels, value in samples(result):
             k = tuple(sorted(labels.items()))
             total[k] = (labels, total.get(k, (labels, 0.0))[1] + value)
     return [{"metric": labels, "value": [0, repr(v)]} for labels, v in total.values()]
@@ -129,12 +124,7 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
 def by_service_label(result: list[dict], label: str) -> dict[tuple[str, str], dict[str, float]]:
     """(namespace, service) -> {label value: value}."""
     out: dict[tuple[str, str], dict[str, float]] = {}
-    for series in result or []:
-        labels = series.get("metric", {})
-        try:
-            value = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
-            continue
+    for labels, value in samples(result):
         if SERVICE in labels and NS in labels:
             out.setdefault((labels[NS], labels[SERVICE]), {})[labels.get(label, "")] = value
     return out

@@ -143,15 +143,22 @@ def length_hist_query(engine: str, window: str = "1m") -> Query:
                  f"sum by ({BY}, le) (rate({m}_bucket{_sel('decode')}[{window}]))")
 
 
+def samples(result: list[dict] | None):
+    """(labels, value) of each series of an instant-vector result; malformed ones skipped."""
+    for series in result or []:
+        try:
+            yield series.get("metric", {}), float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+
+
 def by_service_buckets(result: list[dict]) -> dict[tuple[str, str], list[tuple[float, float]]]:
     """(namespace, service) -> [(le, value)], from a ``sum by (..., le)`` query result."""
     out: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for series in result or []:
-        labels = series.get("metric", {})
+    for labels, value in samples(result):
         try:
             le = float(labels["le"])
-            value = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             continue
         if SERVICE in labels and NS in labels:
             out.setdefault((labels[NS], labels[SERVICE]), []).append((le, value))
@@ -175,16 +182,7 @@ def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
 
 def by_service(result: list[dict]) -> dict[tuple[str, str], float]:
     """(namespace, service) -> value, from an instant-vector query result."""
-    out = {}
-    for series in result or []:
-        labels = series.get("metric", {})
-        try:
-            value = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
-            continue
-        if SERVICE in labels and NS in labels:
-            out[(labels[NS], labels[SERVICE])] = value
-    return out
+    return {(labels[NS], labels[SERVICE]): value for labels, value in samples(result) if SERVICE in labels and NS in labels}
 
 
 @dataclass(frozen=True)
