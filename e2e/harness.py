@@ -329,6 +329,7 @@ class Harness:
             proc_env["KUBECONFIG"] = str(self.pod_kubeconfig(pod))
         else:
             argv = [sys.executable, "-m", "pd_operator_tools.enginesim", "--bind", ip, *self.sim_opts, "--", *argv]
+            proc_env.update(sim_env_for_pod(pod))
             if "LWS_LEADER_ADDRESS" in env:
                 # a pod of a LeaderWorkerSet group: its leader's DNS name
                 # (<lws>-<group>.<subdomain>.<ns>) has no DNS here; the sim
@@ -539,6 +540,35 @@ def listen(ip: str, port: int, timeout: float = 3.0) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+# Resources that are not devices: the kubelet's own, and hugepages-<size>.
+_NOT_DEVICES = ("cpu", "memory", "ephemeral-storage")
+
+
+def rdma_device_count(pod) -> int:
+    """RDMA devices the pod's engine container was given: the sum of its
+    extended resources that count neither CPU/memory/storage nor GPUs (a
+    device plugin's ``*/gpu``). render/pools.py requests
+    ``kvTransfer.rdma.resourceName`` (``count``) and one of each rail resource
+    there, equal in requests and limits; a limit alone is also the request."""
+    container = pod.spec.containers[0]
+    res = container.resources
+    amounts = dict((res.limits or {}) if res else {})
+    amounts.update((res.requests or {}) if res else {})
+    total = 0
+    for name, value in amounts.items():
+        if name in _NOT_DEVICES or name.startswith("hugepages-") or name.endswith("/gpu"):
+            continue
+        total += int(str(value))  # extended resources are whole numbers
+    return total
+
+
+def sim_env_for_pod(pod) -> dict[str, str]:
+    """What the simulated engine is told about the pod's hardware (enginesim
+    refuses a Mooncake RDMA transfer with PDSIM_RDMA_DEVICES=0, as the engine
+    does when it finds no usable RDMA device)."""
+    return {"PDSIM_RDMA_DEVICES": str(rdma_device_count(pod))}
 
 
 def prestop_sleep(container) -> float:

@@ -50,6 +50,60 @@ def sim_parser() -> argparse.ArgumentParser:
     return p
 
 
+class EngineStartError(RuntimeError):
+    """The engine would parse its command line and then fail while starting (exit 1)."""
+
+
+def mooncake_protocol(flavor: str, ns: argparse.Namespace, env: dict[str, str]) -> str | None:
+    """The transport a Mooncake transfer engine of this command would install, or None if not Mooncake.
+
+    SGLang: ``--disaggregation-transfer-backend mooncake_tcp`` sets MC_FORCE_TCP
+    (arg_groups/pd_disaggregation_hook.py); ``mooncake`` passes MOONCAKE_PROTOCOL
+    (default rdma, srt/environ.py). vLLM MooncakeConnector: ``mooncake_protocol``
+    in kv_connector_extra_config, default rdma (mooncake_connector.py). Mooncake
+    itself installs TCP whenever MC_FORCE_TCP is set (transfer_engine.cpp).
+    """
+    if flavor == "sglang":
+        if (ns.disaggregation_mode or "null") not in ("prefill", "decode"):
+            return None
+        backend = ns.disaggregation_transfer_backend or "mooncake"
+        if backend == "mooncake_tcp":
+            return "tcp"
+        if backend != "mooncake":
+            return None
+        protocol = env.get("MOONCAKE_PROTOCOL") or "rdma"
+    else:
+        kvt = ns.kv_transfer_config if isinstance(ns.kv_transfer_config, dict) else {}
+        if kvt.get("kv_connector") != "MooncakeConnector":
+            return None
+        extra = kvt.get("kv_connector_extra_config") or {}
+        protocol = str(extra.get("mooncake_protocol", "rdma"))
+    return "tcp" if env.get("MC_FORCE_TCP") else protocol.lower()
+
+
+def check_rdma_devices(flavor: str, ns: argparse.Namespace, env: dict[str, str]) -> None:
+    """EngineStartError if the command's Mooncake transfer needs RDMA and the pod has no RDMA device.
+
+    ``PDSIM_RDMA_DEVICES`` is the number of RDMA devices the pod was given (the
+    e2e harness sets it from the pod's extended resources); unset means
+    unknown, taken as present.
+    """
+    devices = env.get("PDSIM_RDMA_DEVICES")
+    if devices is None or devices.strip() == "" or mooncake_protocol(flavor, ns, env) != "rdma":
+        return
+    if not devices.strip().isdigit():
+        raise ValueError(f"PDSIM_RDMA_DEVICES={devices!r}: expected a count of RDMA devices (0, 1, ...)")
+    if int(devices) > 0:
+        return
+    # the engine's own log lines (Mooncake rdma_transport.cpp, transfer_engine.cpp;
+    # vLLM mooncake_connector.py / SGLang mooncake_transfer_engine.py)
+    raise EngineStartError(
+        "RdmaTransport: No available RNIC; Failed to install RDMA transport; "
+        "RuntimeError: Mooncake Transfer Engine initialization failed. "
+        f"(simulated: the Mooncake transfer uses RDMA but the pod has no RDMA device, PDSIM_RDMA_DEVICES={devices}; "
+        "request one with kvTransfer.rdma.resourceName, or use kvTransfer.mooncake.protocol: tcp)")
+
+
 def _expand(argv: list[str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: os.environ.get(m.group(1), m.group(0)), a) for a in argv]
 
@@ -74,6 +128,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         raise ValueError(f"not a vLLM or SGLang command line: {' '.join(argv[:3])} ... "
                          "(expected `vllm serve MODEL ...` or `python3 -m sglang.launch_server ...`)")
     ns = check_argv(flavor, VERSIONS[flavor], argv, allow_abbrev=None)
+    check_rdma_devices(flavor, ns, dict(os.environ))
     group = group_from_namespace(flavor, ns)
     if flavor == "vllm":
         model = ns.model_tag or "facebook/opt-125m"
@@ -189,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pd-sim: error: {err}" + (f" (flag {err.flag})" if err.flag and err.flag not in str(err) else ""),
               file=sys.stderr)
         return 2
+    except EngineStartError as err:
+        print(f"pd-sim: the engine failed to start: {err}", file=sys.stderr)
+        return 1
     except ValueError as err:
         print(f"pd-sim: error: {err}", file=sys.stderr)
         return 2
