@@ -112,3 +112,92 @@ def test_bench_says_when_the_duration_cut_n_short_and_reports_what_other_tools_d
     assert len(rows) == s["sent"] and all(float(r["latency_s"]) >= float(r["ttft_s"]) for r in rows if r["ok"] == "1")
     assert "\r" not in proc.stderr  # plain lines, no bar redrawn into the log
     assert f"bench: {s['completed']}/{s['sent']} done" in proc.stderr  # the last line says where it ended
+
+
+# ---------------------------------------------------------------- issue 17: constant, trace replay, sweep
+def test_bench_constant_arrivals_are_evenly_spaced(procs):
+    """--arrivals constant: request i is scheduled at (i + 1) / rate exactly and
+    sent then (Poisson gaps at 20 req/s spread from ~0 to 150 ms and more)."""
+    host = loopback_host()
+    port = free_port(host)
+    procs.sim(SIM, host, port)
+    cfg = BenchConfig(url=f"http://{host}:{port}", rate=20.0, arrivals="constant", num_requests=20, duration=10,
+                      isl="100", osl="fixed:4", chat=False, seed=1)
+    summary, results = asyncio.run(run_bench(cfg, progress=False))
+    assert summary["completed"] == 20, summary["errors"]
+    sched = [r.scheduled for r in results]
+    assert sched == pytest.approx([(i + 1) / 20 for i in range(20)], abs=1e-6)
+    sent_gaps = [b.start - a.start for a, b in zip(results, results[1:])]
+    near = [g for g in sent_gaps if abs(g - 0.05) <= 0.015]
+    assert len(near) >= 0.8 * len(sent_gaps), sent_gaps  # a busy machine may delay a few sends
+
+
+def test_bench_replays_a_trace_file(procs, tmp_path):
+    """--trace-file: each recorded request is sent at its t with its isl/osl
+    (the sim reports the prompt and output tokens in usage: exact)."""
+    host = loopback_host()
+    port = free_port(host)
+    procs.sim(SIM, host, port)
+    trace = tmp_path / "trace.csv"
+    rows = [(0.10, 300, 5), (0.35, 120, 9), (0.40, 800, 3), (0.90, 64, 12), (1.30, 500, 7)]
+    trace.write_text("t,isl,osl\n" + "".join(f"{t},{i},{o}\n" for t, i, o in reversed(rows)))  # unsorted is fine
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, "-m", "pd_operator.cli", "bench", "--url", f"http://{host}:{port}",
+                           "--trace-file", str(trace), "--json", str(out), "-q"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    reqs = json.loads(out.read_text())["requests"]
+    assert [(r["prompt_tokens"], r["output_tokens"]) for r in reqs] == [(i, o) for _, i, o in rows]
+    assert [r["scheduled"] for r in reqs] == pytest.approx([t for t, _, _ in rows])
+    for r, (t, _, _) in zip(reqs, rows):
+        assert abs(r["start"] - t) <= 0.03, (r["start"], t)
+
+
+def test_bench_bad_trace_file_names_the_file_and_line(tmp_path):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("t,isl,osl\n0.1,100,10\n0.2,lots,10\n")
+    proc = subprocess.run([sys.executable, "-m", "pd_operator.cli", "bench", "--url", "http://127.0.0.1:9",
+                           "--trace-file", str(trace), "-q"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"{trace}:3: isl must be a number, got 'lots'" in proc.stderr, proc.stderr
+    # a trace fixes the arrivals: --rate / --concurrency with it is refused, naming both
+    for extra in (["--rate", "2"], ["--concurrency", "2"]):
+        proc = subprocess.run([sys.executable, "-m", "pd_operator.cli", "bench", "--url", "http://127.0.0.1:9",
+                               "--trace-file", str(trace), *extra], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "--trace-file" in proc.stderr and extra[0] in proc.stderr, proc.stderr
+    with pytest.raises(ValueError, match="--trace-file"):
+        asyncio.run(run_bench(BenchConfig(url="http://127.0.0.1:9", rate=1.0, trace_file=str(trace)),
+                              progress=False))
+
+
+def test_bench_sweep_runs_one_stage_per_rate(procs, tmp_path):
+    """--sweep 3,8,20: one stage per rate, in order, each --duration long; the
+    achieved req/s rises with the rate; JSON and CSV hold every stage."""
+    import csv as _csv
+
+    host = loopback_host()
+    port = free_port(host)
+    procs.sim(SIM, host, port)
+    out, table = tmp_path / "b.json", tmp_path / "b.csv"
+    proc = subprocess.run([sys.executable, "-m", "pd_operator.cli", "bench", "--url", f"http://{host}:{port}",
+                           "--sweep", "3,8,20", "--arrivals", "constant", "-n", "200", "--duration", "2",
+                           "--isl", "100", "--osl", "fixed:4", "--completions", "--warmup", "1", "-q",
+                           "--json", str(out), "--csv", str(table)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    stages = json.loads(out.read_text())["stages"]
+    assert [s["rate"] for s in stages] == [3, 8, 20]
+    achieved = [s["summary"]["request_throughput"] for s in stages]
+    assert achieved[0] < achieved[1] < achieved[2], achieved
+    for s in stages:
+        # constant arrivals for the stage's duration: floor(duration * rate) requests
+        assert s["summary"]["sent"] == int(2 * s["rate"]) == len(s["requests"])
+        assert s["summary"]["completed"] == s["summary"]["sent"]
+    assert [s["summary"]["warmup"] for s in stages] == [1, 0, 0]  # the warm-up only before the first stage
+    for rate in ("3", "8", "20"):
+        assert f"stage rate {rate} req/s:" in proc.stdout, proc.stdout
+    header = next(ln for ln in proc.stdout.splitlines() if ln.split()[:1] == ["rate"])
+    for col in ("achieved", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "goodput"):
+        assert col in header, header
+    rows = list(_csv.DictReader(table.open()))
+    assert [float(r["rate"]) for r in rows] == [s["rate"] for s in stages for _ in s["requests"]]

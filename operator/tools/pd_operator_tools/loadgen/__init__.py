@@ -1,7 +1,24 @@
 """``pdctl bench``: a goodput benchmark for any OpenAI-compatible endpoint.
 
-Load: Poisson arrivals at ``--rate`` req/s, or ``--concurrency`` clients in a
-closed loop; bounded by ``--num-requests`` and ``--duration`` (no request is
+Load: one of
+  ``--rate R``           open loop at R req/s: Poisson arrivals (the default,
+                         ``--arrivals poisson``) or ``--arrivals constant``
+                         (request i sent at (i + 1) / R s, exactly 1/R apart);
+  ``--concurrency C``    C clients in a closed loop;
+  ``--trace-file FILE``  replay recorded arrivals: each request sent at its ``t``
+                         with its ``isl`` / ``osl`` (``--isl``/``--osl`` unused),
+                         the format the autoscaling simulator reads (CSV with a
+                         ``t,isl,osl`` header or JSON Lines ``{"t", "isl", "osl"}``,
+                         see ``autoscalesim.trace.load_trace``); a bad line is
+                         refused naming the file and line; ``-n`` caps the
+                         requests replayed (default: all of them);
+  ``--sweep R1,R2,...``  one stage per rate, in order, each ``--duration`` long
+                         (``--arrivals`` applies; the warm-up only before the
+                         first stage): one summary line per stage, then a table
+                         (rate, achieved req/s, TTFT and TPOT p50/p99, goodput);
+                         ``--json`` holds every stage (``stages``: rate, summary,
+                         requests), ``--csv`` every request with its stage's rate.
+Every stage is bounded by ``--num-requests`` and ``--duration`` (no request is
 started after the duration; in-flight ones get ``--drain-timeout``). When the
 duration stops the run before ``-n`` requests were sent, the summary says so
 ("stopped at the 60 s duration: 143 of 150 sent"). ``--warmup N`` sends N
@@ -27,7 +44,7 @@ Goodput: requests that completed with TTFT < the TTFT SLO and TPOT < the ITL
 SLO (defaults 1 s and 50 ms), per second and as a share of all requests sent.
 Mean concurrency: the sum of the requests' latencies over the wall time.
 
-Did the client keep up? With ``--rate`` each request has a scheduled send time;
+Did the client keep up? With ``--rate``, ``--sweep`` or ``--trace-file`` each request has a scheduled send time;
 its lag is the actual send time minus that. A client that falls behind (a busy
 machine, too high a rate for one event loop) sends fewer requests per second
 than asked and measures a lighter load: the summary reports the lag (p99, max)
@@ -77,7 +94,7 @@ class Result:
     output_tokens: int = 0
     prompt_tokens: Optional[int] = None
     latency: Optional[float] = None
-    scheduled: Optional[float] = None  # planned send time (``--rate``), seconds since the start
+    scheduled: Optional[float] = None  # planned send time (``--rate``, ``--trace-file``), seconds since the start
 
     @property
     def lag(self) -> Optional[float]:
@@ -107,7 +124,7 @@ class BenchConfig:
     api_key: Optional[str] = None
     rate: Optional[float] = None
     concurrency: Optional[int] = None
-    num_requests: int = 100
+    num_requests: Optional[int] = 100  # None: all of the trace file (only with trace_file)
     duration: float = 60.0
     isl: str = "512"
     osl: str = "128"
@@ -118,6 +135,11 @@ class BenchConfig:
     timeout: float = 300.0
     drain_timeout: float = 120.0
     warmup: int = 0
+    arrivals: str = "poisson"            # or "constant": exactly 1/rate apart (with rate or sweep)
+    trace_file: Optional[str] = None     # replay (t, isl, osl) from this file instead of rate/concurrency
+    sweep: Optional[list] = None         # rates, one stage each (run_sweep)
+
+ARRIVALS = ("poisson", "constant")
 
 # p99 schedule lag above which the summary says the client did not keep up
 LAG_WARN_S = 0.05
@@ -271,72 +293,151 @@ async def _one(session, base: str, cfg: BenchConfig, res: Result, rng: random.Ra
             res.latency = time.monotonic() - t0  # a failed request occupied the server this long
 
 
-async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list[Result]]:
-    import aiohttp
-
+def _check(cfg: BenchConfig) -> str:
+    """Refuse a configuration that names no load or two, before any request; the base URL."""
     base = check_url(cfg.url)
-    if (cfg.rate is None) == (cfg.concurrency is None):
-        raise ValueError("give exactly one of --rate and --concurrency")
-    rng = random.Random(cfg.seed)
-    isl, osl = LengthDist.parse(cfg.isl), LengthDist.parse(cfg.osl)
-    plan = [(isl.sample(rng), osl.sample(rng)) for _ in range(cfg.num_requests)]
-    gaps = [rng.expovariate(cfg.rate) for _ in plan] if cfg.rate else []
-    results: list[Result] = []
-    bar = _Progress(cfg.num_requests)
-    bar.enabled = progress
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
-    stopped_by_duration = False
-    async with aiohttp.ClientSession(connector=conn) as session:
-        for w in range(cfg.warmup):  # one after the other, not counted
-            wres = Result(-1 - w, 0.0, *plan[w % len(plan)]) if plan else None
-            if wres is not None:
-                await _one(session, base, cfg, wres, random.Random(cfg.seed * 7 + w), time.monotonic())
-                if not wres.ok and progress:
-                    print(f"pdctl bench: warm-up request failed: {wres.error}", file=sys.stderr)
-        t_bench0 = time.monotonic()
-        started_at = time.time()  # wall clock of t_bench0, to line other samples up with the requests
-        deadline = t_bench0 + cfg.duration
+    given = [name for name, v in (("--rate", cfg.rate), ("--concurrency", cfg.concurrency),
+                                  ("--trace-file", cfg.trace_file), ("--sweep", cfg.sweep)) if v is not None]
+    if len(given) != 1:
+        raise ValueError("give exactly one of --rate, --concurrency, --trace-file and --sweep"
+                         + (f" (got {' and '.join(given)})" if given else ""))
+    if cfg.arrivals not in ARRIVALS:
+        raise ValueError(f"--arrivals must be one of {', '.join(ARRIVALS)}, got {cfg.arrivals!r}")
+    if cfg.arrivals != "poisson" and cfg.rate is None and cfg.sweep is None:
+        raise ValueError(f"--arrivals {cfg.arrivals} shapes --rate or --sweep arrivals; "
+                         f"drop it or use --rate/--sweep (got {given[0]})")
+    if cfg.rate is not None and not cfg.rate > 0:
+        raise ValueError(f"--rate must be > 0 requests/s, got {cfg.rate:g}")
+    if cfg.sweep is not None and (not cfg.sweep or any(not r > 0 for r in cfg.sweep)):
+        raise ValueError(f"--sweep must be rates > 0 separated by commas, e.g. 2,4,8; got {cfg.sweep}")
+    if cfg.concurrency is not None and cfg.concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {cfg.concurrency}")
+    if cfg.num_requests is None and cfg.trace_file is None:
+        raise ValueError("--num-requests is needed (all requests of the trace is only for --trace-file)")
+    return base
 
-        async def go(i: int, scheduled: Optional[float] = None) -> None:
-            res = Result(i, 0.0, *plan[i], scheduled=scheduled)
-            results.append(res)
-            await _one(session, base, cfg, res, random.Random(cfg.seed * 1_000_003 + i), t_bench0)
-            bar.tick(res.ok)
 
-        tasks: list[asyncio.Task] = []
-        if cfg.rate:
-            t = t_bench0
-            for i in range(cfg.num_requests):
-                t += gaps[i]
-                if t > deadline:
-                    stopped_by_duration = True
-                    break
-                await asyncio.sleep(max(0.0, t - time.monotonic()))
-                tasks.append(asyncio.create_task(go(i, t - t_bench0)))
+async def _stage(session, base: str, cfg: BenchConfig, plan: list, rate: Optional[float],
+                 times: Optional[list], warmup: int, progress: bool, gap_state=None) -> tuple[dict, list[Result]]:
+    """One run: ``warmup`` requests one by one, then ``plan`` ((isl, osl), ...)
+    at the times ``times`` (seconds from the start; a trace), at ``rate``
+    (``cfg.arrivals``) or by ``cfg.concurrency`` closed-loop clients.  Poisson
+    gaps come from the seeded generator in ``gap_state`` (after the lengths)."""
+    if times is None and rate:
+        if cfg.arrivals == "constant":
+            times = [(i + 1) / rate for i in range(len(plan))]  # no accumulated rounding
         else:
-            counter = iter(range(cfg.num_requests))
+            rng = random.Random()
+            rng.setstate(gap_state)
+            t, times = 0.0, []
+            for _ in plan:
+                t += rng.expovariate(rate)
+                times.append(t)
+    results: list[Result] = []
+    bar = _Progress(len(plan))
+    bar.enabled = progress
+    stopped_by_duration = False
+    for w in range(warmup):  # one after the other, not counted
+        wres = Result(-1 - w, 0.0, *plan[w % len(plan)]) if plan else None
+        if wres is not None:
+            await _one(session, base, cfg, wres, random.Random(cfg.seed * 7 + w), time.monotonic())
+            if not wres.ok and progress:
+                print(f"pdctl bench: warm-up request failed: {wres.error}", file=sys.stderr)
+    t_bench0 = time.monotonic()
+    started_at = time.time()  # wall clock of t_bench0, to line other samples up with the requests
+    deadline = t_bench0 + cfg.duration
 
-            async def worker() -> None:
-                nonlocal stopped_by_duration
-                for i in counter:
-                    if time.monotonic() > deadline:
-                        stopped_by_duration = True
-                        return
-                    await go(i)
+    async def go(i: int, scheduled: Optional[float] = None) -> None:
+        res = Result(i, 0.0, *plan[i], scheduled=scheduled)
+        results.append(res)
+        await _one(session, base, cfg, res, random.Random(cfg.seed * 1_000_003 + i), t_bench0)
+        bar.tick(res.ok)
 
-            tasks = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
-        if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()) + cfg.drain_timeout)
-            for p in pending:
-                p.cancel()
+    tasks: list[asyncio.Task] = []
+    if times is not None:
+        for i in range(len(plan)):
+            t = t_bench0 + times[i]
+            if t > deadline:
+                stopped_by_duration = True
+                break
+            await asyncio.sleep(max(0.0, t - time.monotonic()))
+            tasks.append(asyncio.create_task(go(i, times[i])))
+    else:
+        counter = iter(range(len(plan)))
+
+        async def worker() -> None:
+            nonlocal stopped_by_duration
+            for i in counter:
+                if time.monotonic() > deadline:
+                    stopped_by_duration = True
+                    return
+                await go(i)
+
+        tasks = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
+    if tasks:
+        _done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()) + cfg.drain_timeout)
+        for p in pending:
+            p.cancel()
     bar.close(len(results))
     wall = time.monotonic() - t_bench0
     for r in results:
         if not r.ok and not r.error:
             r.error = "cancelled (duration + drain timeout)"
     results.sort(key=lambda r: r.index)
-    summary = summarize(results, wall, cfg, stopped_by_duration=stopped_by_duration and len(results) < cfg.num_requests)
-    return summary | {"started_at": started_at}, results
+    summary = summarize(results, wall, cfg, planned=len(plan),
+                        stopped_by_duration=stopped_by_duration and len(results) < len(plan))
+    return summary | {"started_at": started_at, "warmup": warmup}, results
+
+
+async def _run(cfg: BenchConfig, progress: bool, on_stage=None) -> list[tuple[Optional[float], dict, list[Result]]]:
+    import aiohttp
+
+    base = _check(cfg)
+    times = gap_state = None
+    if cfg.trace_file is not None:
+        from ..autoscalesim.trace import load_trace
+
+        try:
+            trace = load_trace(cfg.trace_file)
+        except OSError as err:
+            raise ValueError(f"--trace-file {cfg.trace_file}: cannot read it ({err.strerror or err})") from None
+        reqs = trace.requests[:cfg.num_requests] if cfg.num_requests is not None else trace.requests
+        plan = [(isl, osl) for _t, isl, osl, _line in reqs]
+        times = [t for t, _isl, _osl, _line in reqs]
+    else:
+        rng = random.Random(cfg.seed)
+        isl, osl = LengthDist.parse(cfg.isl), LengthDist.parse(cfg.osl)
+        plan = [(isl.sample(rng), osl.sample(rng)) for _ in range(cfg.num_requests)]
+        gap_state = rng.getstate()
+    rates = list(cfg.sweep) if cfg.sweep is not None else [cfg.rate]
+    out = []
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        for k, rate in enumerate(rates):
+            summary, results = await _stage(session, base, cfg, plan, rate, times,
+                                            cfg.warmup if k == 0 else 0, progress, gap_state)
+            if cfg.sweep is not None:
+                summary = summary | {"rate": rate}
+            out.append((rate, summary, results))
+            if on_stage is not None:
+                on_stage(rate, summary)
+    return out
+
+
+async def run_bench(cfg: BenchConfig, progress: bool = True) -> tuple[dict, list[Result]]:
+    """One run (``--rate``, ``--concurrency`` or ``--trace-file``): the summary and the requests."""
+    if cfg.sweep is not None:
+        raise ValueError("--sweep runs several stages: use run_sweep")
+    [(_rate, summary, results)] = await _run(cfg, progress)
+    return summary, results
+
+
+async def run_sweep(cfg: BenchConfig, progress: bool = True, on_stage=None) -> list[tuple[float, dict, list[Result]]]:
+    """``--sweep``: (rate, summary, requests) per stage, in the order of ``cfg.sweep``;
+    ``on_stage(rate, summary)`` is called as each stage ends."""
+    if cfg.sweep is None:
+        raise ValueError("run_sweep needs cfg.sweep (the rates)")
+    return await _run(cfg, progress, on_stage)
 
 
 def format_summary(s: dict) -> str:
@@ -372,32 +473,100 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def format_stage(rate: float, s: dict) -> str:
+    """One line for a ``--sweep`` stage."""
+    line = (f"stage rate {rate:g} req/s: {s['completed']}/{s['sent']} completed ({s['failed']} failed) in "
+            f"{s['duration_s']:.1f} s, {s['request_throughput']:.2f} req/s achieved; "
+            f"TTFT p50 {_ms(s['ttft_s']['p50'])} p99 {_ms(s['ttft_s']['p99'])} ms, "
+            f"TPOT p50 {_ms(s['mean_itl_per_request_s']['p50'])} p99 {_ms(s['mean_itl_per_request_s']['p99'])} ms; "
+            f"goodput {s['goodput_rps']:.2f} req/s ({100 * s['goodput_fraction']:.1f}%)")
+    if s.get("stopped_by_duration"):
+        line += f"; {s['sent']} of {s['planned']} sent in the {s['duration_limit_s']:g} s"
+    if s.get("client_kept_up") is False:
+        line += f"; client FELL BEHIND the schedule (send lag p99 {_ms(s['schedule_lag_s']['p99'])} ms)"
+    return line
+
+
+def format_sweep(stages: list) -> str:
+    """The ``--sweep`` table: one row per stage (rate, summary)."""
+    cols = ("rate", "achieved req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "goodput req/s", "goodput %")
+    rows = [(f"{rate:g}", f"{s['request_throughput']:.2f}", _ms(s["ttft_s"]["p50"]), _ms(s["ttft_s"]["p99"]),
+             _ms(s["mean_itl_per_request_s"]["p50"]), _ms(s["mean_itl_per_request_s"]["p99"]),
+             f"{s['goodput_rps']:.2f}", f"{100 * s['goodput_fraction']:.1f}") for rate, s in stages]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    slo = stages[0][1]["slo"] if stages else {"ttft_s": 0, "mean_itl_s": 0}
+    lines = [f"sweep (TTFT and TPOT in ms; goodput: TTFT < {slo['ttft_s'] * 1e3:g} ms and "
+             f"TPOT < {slo['mean_itl_s'] * 1e3:g} ms)",
+             "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
 CSV_FIELDS = ("index", "scheduled_s", "start_s", "lag_s", "isl", "osl", "input_tokens", "output_tokens", "ok",
               "ttft_s", "tpot_s", "latency_s", "error")
 
 
-def write_csv(path: str, results: list[Result]) -> None:
-    """One row per request (seconds; empty when not measured)."""
+def write_csv(path: str, results: list[Result], stages: Optional[list] = None) -> None:
+    """One row per request (seconds; empty when not measured).  With ``stages``
+    ((rate, requests), ... of a sweep) a first column ``rate`` names each row's
+    stage, and times are from the start of that stage."""
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(CSV_FIELDS)
-        for r in results:
-            w.writerow([r.index, r.scheduled, r.start, r.lag, r.isl, r.osl, r.input_tokens, r.output_tokens,
-                        int(r.ok), r.ttft, r.mean_itl, r.latency, r.error])
+        w.writerow((("rate",) if stages is not None else ()) + CSV_FIELDS)
+        for rate, rs in stages if stages is not None else [(None, results)]:
+            for r in rs:
+                w.writerow(([rate] if stages is not None else [])
+                           + [r.index, r.scheduled, r.start, r.lag, r.isl, r.osl, r.input_tokens, r.output_tokens,
+                              int(r.ok), r.ttft, r.mean_itl, r.latency, r.error])
+
+
+def _parse_rates(text: str) -> list:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        rates = []
+    if not rates or any(not r > 0 for r in rates):
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected rates > 0 separated by commas, e.g. 2,4,8; got {text!r}")
+    return [int(r) if r == int(r) else r for r in rates]
 
 
 def main_bench(args) -> int:
+    n = args.num_requests if args.num_requests is not None else (None if args.trace_file else 100)
     cfg = BenchConfig(url=args.url, model=args.model, api_key=args.api_key, rate=args.rate,
-                      concurrency=args.concurrency, num_requests=args.num_requests, duration=args.duration,
+                      concurrency=args.concurrency, num_requests=n, duration=args.duration,
                       isl=args.isl, osl=args.osl, chat=not args.completions, seed=args.seed,
                       ttft_slo=args.ttft_slo, itl_slo=args.itl_slo, timeout=args.timeout,
-                      drain_timeout=args.drain_timeout, warmup=args.warmup)
+                      drain_timeout=args.drain_timeout, warmup=args.warmup, arrivals=args.arrivals,
+                      trace_file=args.trace_file, sweep=args.sweep)
     try:
+        if cfg.sweep is not None and args.plot:
+            raise ValueError("--plot draws one run; with --sweep use --json or --csv (every stage)")
         LengthDist.parse(cfg.isl), LengthDist.parse(cfg.osl)
-        summary, results = asyncio.run(run_bench(cfg, progress=not args.quiet))
-    except ValueError as err:
+        if cfg.sweep is not None:
+            stages = asyncio.run(run_sweep(cfg, progress=not args.quiet,
+                                           on_stage=lambda rate, s: print(format_stage(rate, s), flush=True)))
+        else:
+            summary, results = asyncio.run(run_bench(cfg, progress=not args.quiet))
+    except ValueError as err:  # a bad trace file (TraceError) names the file and line
         print(f"pdctl bench: {err}", file=sys.stderr)
         return 2
+    if cfg.sweep is not None:
+        print(format_sweep([(rate, s) for rate, s, _ in stages]))
+        if args.json:
+            doc = {"config": asdict(cfg) | {"api_key": "***" if cfg.api_key else None},
+                   "stages": [{"rate": rate, "summary": s, "requests": [asdict(r) | {"itls": r.itls} for r in rs]}
+                              for rate, s, rs in stages]}
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, indent=1)
+        if args.csv:
+            write_csv(args.csv, [], stages=[(rate, rs) for rate, _s, rs in stages])
+        return 0 if all(s["completed"] for _r, s, _rs in stages) else 1
     print(format_summary(summary))
     if args.json:
         doc = {"config": asdict(cfg) | {"api_key": "***" if cfg.api_key else None}, "summary": summary,
@@ -420,9 +589,17 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="model name to send (default: none; the server's only model)")
     p.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
     load = p.add_mutually_exclusive_group(required=True)
-    load.add_argument("--rate", type=float, help="Poisson arrival rate, requests/s")
+    load.add_argument("--rate", type=float, help="arrival rate, requests/s (Poisson unless --arrivals constant)")
     load.add_argument("--concurrency", type=int, help="fixed number of clients in a closed loop")
-    p.add_argument("-n", "--num-requests", type=int, default=100, help="at most this many requests (default 100)")
+    load.add_argument("--trace-file", metavar="FILE",
+                      help="replay recorded arrivals: CSV with a t,isl,osl header or JSON Lines {t, isl, osl} "
+                           "(t: seconds from the start); each request sent at its t with its lengths")
+    load.add_argument("--sweep", type=_parse_rates, metavar="R1,R2,...",
+                      help="one stage per rate, in order, each --duration long; a table at the end")
+    p.add_argument("--arrivals", choices=ARRIVALS, default="poisson",
+                   help="with --rate/--sweep: poisson (default) or constant (exactly 1/rate apart)")
+    p.add_argument("-n", "--num-requests", type=int, default=None,
+                   help="at most this many requests per stage (default 100; with --trace-file all of it)")
     p.add_argument("--duration", type=float, default=60.0,
                    help="start no request after this many seconds (default 60); the summary says when it cut -n short")
     p.add_argument("--warmup", type=int, default=0, metavar="N", help="send N requests one by one first, not counted")
