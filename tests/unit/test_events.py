@@ -12,7 +12,7 @@ def test_event_from_a_plain_thread_is_posted(monkeypatch):
     posted = []
 
     class Kube:
-        def create_event(self, body, type_, reason, message):
+        def post_event(self, body, type_, reason, message):
             posted.append((body["metadata"]["name"], type_, reason, message))
 
     monkeypatch.setattr(handlers, "kube", lambda: Kube())

@@ -190,24 +190,6 @@ class Kube:
         out = self._call("GET", path)
         return out.get("items", []) if out else []
 
-    def create_event(self, body: dict, type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the service, posted directly (from the operator's own threads,
-        where kopf's event queue is not reachable)."""
-        import datetime
-        import uuid
-
-        meta = body["metadata"]
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": body.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": KIND,
-                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
-            "type": type_, "reason": reason, "message": message[:1024], "source": {"component": FIELD_MANAGER},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
-
     def patch_status(self, namespace: str, name: str, status: dict, manager: str = FIELD_MANAGER) -> None:
         """Server-side apply of the status fields this writer owns (conditions
         merge by type with the other writer's)."""
