@@ -200,6 +200,8 @@ class FakeCluster:
                 assert params.get("force") == "true" and params.get("fieldManager"), params
                 if (kind, name) in self.refused:
                     raise self.refused[(kind, name)]
+                if params.get("dryRun") == "All":  # validated and admitted, nothing stored
+                    return copy.deepcopy(body)
                 if sub == "status" and (kind, namespace, name) not in self.objects:
                     raise api_error(404, "Not Found", f'{kind} "{name}" not found')
                 return self._write(kind, namespace, name, body, params["fieldManager"], sub, release=True)

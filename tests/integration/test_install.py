@@ -156,7 +156,8 @@ def test_helm_install_rbac_suffices_and_is_minimal(kube_cluster, crd, release_na
     assert "kubectl get pdservices" in out  # NOTES tell the next command
     try:
         pods = core_v1.list_namespaced_pod(release_namespace, label_selector=f"app.kubernetes.io/instance={release}").items
-        assert len(pods) == 1 and pods[0].spec.security_context.run_as_user == 65532
+        # two replicas by default (one leads, the other stands by), both non-root
+        assert len(pods) == 2 and all(p.spec.security_context.run_as_user == 65532 for p in pods)
         deploy = apps_v1.read_namespaced_deployment(fullname, release_namespace)
         assert deploy.spec.template.spec.service_account_name == fullname
         assert deploy.spec.template.spec.containers[0].args[0] == "--all-namespaces"

@@ -231,7 +231,7 @@ def test_create_becomes_ready_with_columns(operator, namespace, custom_objects, 
     # kubectl get pdservices shows the columns
     out = _kubectl(kube_cluster.kubeconfig, "get", "pdservices", "-n", namespace)
     header, row = out.strip().splitlines()[:2]
-    assert header.split() == ["NAME", "ENGINE", "MODEL", "PREFILL", "DECODE", "TTFT", "ITL", "READY", "AGE"]
+    assert header.split() == ["NAME", "ENGINE", "MODEL", "PREFILL", "DECODE", "TTFT", "ITL", "READY", "SERVING", "AGE"]
     assert row.split()[:5] == ["qwen", "vllm", "Qwen/Qwen3-8B", "2/2", "1/1"] and "True" in row.split()
     events = core_v1.list_namespaced_event(namespace, field_selector="involvedObject.kind=PDInferenceService").items
     assert any(e.reason == "Created" for e in events)

@@ -329,7 +329,11 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     rec, stands = _feedback(signal.observed, target, state.replicas, state.ready, policy.tolerance, signal.floor or 0.0)
     clauses = [f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms "
                f"{stands} target {target * 1000:.0f}ms"]
-    futile = _futile(state, signal.observed, target, policy.tolerance, history, now, signal.demand)
+    # Only TTFT: a prompt whose prefill alone exceeds the target is what replicas cannot
+    # fix. ITL is read from coarse histogram buckets (vLLM: 10, 25, 50 ms) whose
+    # interpolated quantile barely moves as replicas are added, which would look futile.
+    futile = (_futile(state, signal.observed, target, policy.tolerance, history, now, signal.demand)
+              if policy.target.metric == "ttft" else None)
     capacity, corrected = _corrected_capacity(signal, state, target, policy.tolerance, history, now)
     model = None
     if signal.demand is not None and capacity:
