@@ -283,7 +283,8 @@ def test_each_pool_scales_on_its_own_signal_and_back(loop, namespace, custom_obj
         wait_for(lambda: tl.replicas("prefill") >= 2, 150, "prefill scaled up on TTFT")
         up_p = tl.mark("prefill scaled up") - t
         assert tl.replicas("decode") == 1, "decode scaled on a prefill burst"
-        assert "ttft p90" in scale_reason(custom_objects, namespace, name, "prefill")
+        # the reason is written in the same round, just after the replicas
+        wait_for(lambda: "ttft p90" in scale_reason(custom_objects, namespace, name, "prefill"), 15, "the TTFT reason")
         loads[-1].stop()
         tl.mark(f"burst over ({loads[-1].ok} requests)")
         prefill_peak = tl.replicas("prefill")

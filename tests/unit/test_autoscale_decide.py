@@ -318,3 +318,12 @@ def test_the_feedback_bound_never_freezes_a_pool_above_target():
     d = decide(prefill(max_replicas=200), PoolState(replicas=2, ready=2), sig(10.0, demand=10, capacity=10),
                History(), now=1000.0)
     assert d.recommendation == 3 and "bounded by 2x" in d.reason
+
+
+def test_futility_waits_until_the_latency_window_holds_only_the_bigger_pool():
+    # the pool grew 1 -> 2 thirty seconds ago; the 1-minute window still reads the single
+    # replica's queue, so the unchanged TTFT is no evidence yet: feedback stays in
+    h = History(samples=[Sample(970.0, 1, 2.0, 40.0)])
+    d = decide(prefill(max_replicas=32), PoolState(replicas=2, ready=2), sig(2.0, demand=40, capacity=40), h,
+               now=1000.0)
+    assert h.futile is None and "did not lower it" not in d.reason and d.recommendation >= 3

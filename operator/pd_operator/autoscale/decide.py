@@ -239,8 +239,10 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
     if history.futile is None and state.starting == 0 and load is not None:
         # a smaller pool that carried FUTILITY_GAIN more load per replica (a ramp that outgrew the
         # new replicas is not evidence: the load per replica must have fallen)
+        # the smaller pool's sample at least SETTLE_S old: the latency window now holds only
+        # the bigger pool's time (a burst's first rounds still read the smaller pool's queue)
         smaller = [x for x in history.samples if x.ready < state.ready and x.load is not None
-                   and x.load >= load * (1 + FUTILITY_GAIN)]
+                   and x.load >= load * (1 + FUTILITY_GAIN) and now - x.at >= SETTLE_S]
         if smaller:
             before = min(smaller, key=lambda x: x.ready)
             if observed >= before.observed * (1 - FUTILITY_GAIN):
