@@ -3,6 +3,8 @@ Unschedulable pods or down while pods start, HPA behaviour, GPU budget."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pd_operator.api.models import DecodeAutoscaling, PrefillAutoscaling
 from pd_operator.autoscale.decide import History, PoolClaim, PoolState, Signal, decide, share_budget
 
@@ -315,15 +317,19 @@ def test_the_feedback_bound_never_freezes_a_pool_above_target():
     # a burst's first minute: the demand's 1-minute window still reads the quiet minute
     # (needs 1), the pool is at 2 = 2x that, TTFT is 10x the target: feedback may still
     # add one replica a round, not stay frozen at the bound
+    queued = replace(sig(10.0, demand=10, capacity=10), waiting=12)
+    d = decide(prefill(max_replicas=200), PoolState(replicas=2, ready=2), queued, History(), now=1000.0)
+    assert d.recommendation == 3 and "bounded by 2x" in d.reason
+    # no queue of its own (TTFT inflated by the wait for a decode slot): the bound holds
     d = decide(prefill(max_replicas=200), PoolState(replicas=2, ready=2), sig(10.0, demand=10, capacity=10),
                History(), now=1000.0)
-    assert d.recommendation == 3 and "bounded by 2x" in d.reason
+    assert d.recommendation == 2
 
 
 def test_futility_waits_until_the_latency_window_holds_only_the_bigger_pool():
     # the pool grew 1 -> 2 thirty seconds ago; the 1-minute window still reads the single
     # replica's queue, so the unchanged TTFT is no evidence yet: feedback stays in
     h = History(samples=[Sample(970.0, 1, 2.0, 40.0)])
-    d = decide(prefill(max_replicas=32), PoolState(replicas=2, ready=2), sig(2.0, demand=40, capacity=40), h,
-               now=1000.0)
+    d = decide(prefill(max_replicas=32), PoolState(replicas=2, ready=2),
+               replace(sig(2.0, demand=40, capacity=40), waiting=8), h, now=1000.0)
     assert h.futile is None and "did not lower it" not in d.reason and d.recommendation >= 3

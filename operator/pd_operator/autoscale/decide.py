@@ -346,11 +346,13 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         # 2b: the latency is not one replicas lower; the demand floor sizes the pool
         clauses[0] += f" but {futile}: latency feedback left out"
     else:
-        # the bound never freezes a pool whose latency is above target: while the demand's
-        # 1-minute window still lags a burst (it reads the quiet minute before), feedback
-        # may add one replica a round beyond it
+        # the bound never freezes a pool whose own queue grows while its latency is above
+        # target: while the demand's 1-minute window still lags a burst (it reads the quiet
+        # minute before), feedback may add one replica a round beyond it. Without a queue
+        # of its own (a TTFT inflated by the wait for a decode slot) the bound holds.
         bound = math.ceil(FEEDBACK_CAP * model) if model is not None else None
-        floor = state.replicas + (1 if stands == "above" else 0)
+        queued = (signal.waiting or 0) > 0
+        floor = state.replicas + (1 if stands == "above" and queued else 0)
         if bound is not None and rec > max(bound, floor):
             clauses[0] += f" (feedback {rec} bounded by {FEEDBACK_CAP:g}x the demand's need)"
             rec = max(bound, floor)
