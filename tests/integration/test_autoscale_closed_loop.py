@@ -404,9 +404,11 @@ def test_no_scale_up_past_the_free_gpus(loop, namespace, custom_objects, apps_v1
     gpu_filler(spare=1)  # one GPU left in the cluster
     assert sum(free_gpus(core_v1).values()) == 1
     tl = Timeline(apps_v1, custom_objects, namespace, name)
-    load = Load(router.url, rate=6, prompt_tokens=8000, max_tokens=4, seed=4).start()
+    # 10/s x 8000 tokens is ~2.8 prefill replicas of work (281 ms a prompt): the queue
+    # keeps growing at 2 replicas, so TTFT stays far above target and the autoscaler
+    # keeps asking for more than the one free GPU holds
+    load = Load(router.url, rate=10, prompt_tokens=8000, max_tokens=4, seed=4).start()
     try:
-        # TTFT far above target asks for many more; the one free GPU gets one
         wait_for(lambda: tl.replicas("prefill") == 2, 150, "prefill scaled into the free GPU")
         tl.mark("prefill at 2: the cluster is full")
         wait_for(lambda: "the free GPUs fit 0 more" in (condition(get_svc(custom_objects, namespace, name),

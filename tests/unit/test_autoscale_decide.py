@@ -324,6 +324,11 @@ def test_the_feedback_bound_never_freezes_a_pool_above_target():
     d = decide(prefill(max_replicas=200), PoolState(replicas=2, ready=2), sig(10.0, demand=10, capacity=10),
                History(), now=1000.0)
     assert d.recommendation == 2
+    # a burst that has cleared: the TTFT window still reads it, one request waits on two
+    # replicas (a new prompt just arrived), not a queue: the bound holds
+    d = decide(prefill(max_replicas=200), PoolState(replicas=2, ready=2),
+               replace(sig(10.0, demand=10, capacity=10), waiting=1), History(), now=1000.0)
+    assert d.recommendation == 2
 
 
 def test_futility_waits_until_the_latency_window_holds_only_the_bigger_pool():

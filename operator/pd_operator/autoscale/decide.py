@@ -346,12 +346,15 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         # 2b: the latency is not one replicas lower; the demand floor sizes the pool
         clauses[0] += f" but {futile}: latency feedback left out"
     else:
-        # the bound never freezes a pool whose own queue grows while its latency is above
-        # target: while the demand's 1-minute window still lags a burst (it reads the quiet
-        # minute before), feedback may add one replica a round beyond it. Without a queue
-        # of its own (a TTFT inflated by the wait for a decode slot) the bound holds.
+        # the bound never freezes a saturated pool whose latency is above target: while the
+        # demand's 1-minute window still lags a burst (it reads the quiet minute before),
+        # feedback may add one replica a round beyond it. Saturated is a queue of its own of
+        # at least one request per Ready replica (every replica has the next one waiting).
+        # A stray request in the queue is not that: a TTFT window still holding a burst
+        # that has cleared, or a TTFT inflated by the wait for a decode slot, leaves the
+        # bound in place.
         bound = math.ceil(FEEDBACK_CAP * model) if model is not None else None
-        queued = (signal.waiting or 0) > 0
+        queued = (signal.waiting or 0) >= max(state.ready, 1)
         floor = state.replicas + (1 if stands == "above" and queued else 0)
         if bound is not None and rec > max(bound, floor):
             clauses[0] += f" (feedback {rec} bounded by {FEEDBACK_CAP:g}x the demand's need)"
