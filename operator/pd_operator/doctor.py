@@ -143,7 +143,8 @@ def run(name: str, namespace: str, prometheus: str | None = None, token: str | N
     from kubernetes.client.rest import ApiException
 
     from .api import SpecError, validate_service
-    from .autoscale.diagnose import diagnose, diagnosis_queries
+    from .autoscale.diagnose import diagnose, diagnosis_queries, ready_pod_ips
+    from .render.pools import serving_selector
     from .render.engines import engine_for
 
     try:
@@ -189,13 +190,15 @@ def run(name: str, namespace: str, prometheus: str | None = None, token: str | N
                     ranges.setdefault(signal, []).extend(sig.prom.custom_query_range(
                         promql, start_time=_dt(now - 3600), end_time=_dt(now), step="60"))
             history = history_from(ranges, namespace, name)
-            ready = sum(1 for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) in ("prefill", "decode")
-                        and any(c.get("type") == "Ready" and c.get("status") == "True"
-                                for c in (p.get("status") or {}).get("conditions") or []))
+            # the pods the router discovers: its selectors (an LWS group's leader only)
+            sels = [serving_selector(svc, role).items() for role in ("prefill", "decode")]
+            ips = ready_pod_ips([p for p in pods if any(sel <= (p["metadata"].get("labels") or {}).items()
+                                                        for sel in sels)])
             key_ref = spec.engine.api_key_secret_ref
             verdict = diagnose(sig.diagnosis(spec.engine.kind, router).get((namespace, name)),
                                served_name=spec.served_model_name(), engine=spec.engine.kind, router=router,
-                               backend=spec.backend(), engine_port=engine_for(svc).http_port, ready_workers=ready,
+                               backend=spec.backend(), engine_port=engine_for(svc).http_port,
+                               ready_workers=len(ips), ready_ips=ips,
                                key_ref=f"Secret {key_ref.name} key {key_ref.key}" if key_ref else None)
         except Exception as err:  # noqa: BLE001 - said in the report; the cluster part is still useful
             history, problem = None, f"cannot query {url}: {err} (from outside the cluster: kubectl port-forward " \

@@ -63,7 +63,9 @@ def test_results_split_by_service_and_model():
     (VLLM, dict(HEALTHY, worker_errors=12, kv_failures=12), "KVTransferFailing", ["12 failed", "NIXL"]),
     (VLLM, dict(HEALTHY, worker_errors=5, overload=5), "Overloaded", ["5 requests", "queue limit", "--max-num-queued-reqs", "replicas"]),
     (SGL, dict(HEALTHY, models={"qwen3-8b": 90, "gpt-4o": 10}, not_found=10), "UnknownModelRequested",
-     ["'gpt-4o' (10)", '"model": "qwen3-8b"']),
+     ["10 requests", "404", "'gpt-4o' (10)", '"model": "qwen3-8b"']),
+    # SGLang's chat API serves any model name: no 404, nothing failed, the name is noted
+    (SGL, dict(HEALTHY, models={"qwen3-8b": 90, "gpt-4o": 10}), "Serving", ["'gpt-4o' (10)", "any model name"]),
     (SGL, dict(HEALTHY, worker_errors=20), "EngineAuthRejected", ["refused 20 of 100", "401", "same key"]),
     (VLLM, dict(HEALTHY, worker_errors=20), "EngineAuthRejected", ["401", "404", "qwen3-8b"]),
     (VLLM, HEALTHY, "Serving", ["2 workers healthy"]),
@@ -74,6 +76,52 @@ def test_verdicts(kind, signals, reason, words):
     assert v.status == ("True" if reason == "Serving" else "False")
     for w in words:
         assert w in v.message, (w, v.message)
+
+
+def test_workers_are_counted_on_the_ips_of_the_ready_pods():
+    # the routers keep exporting a removed worker's last health (1): after a pod was
+    # recreated on a new IP the router may hold the old URL "healthy" and never add
+    # the new one (vllm-router waits for its health check, e.g. a wrong port)
+    stale = dict(HEALTHY, workers=3, healthy=3, health={"http://10.0.0.1:8000": 1, "http://10.0.0.2:8000": 1,
+                                                        "http://10.0.0.9:8000": 1})
+    ready = frozenset({"10.0.0.1", "10.0.0.3"})
+    assert diagnose(Signals(**stale), ready_workers=2, **VLLM).reason == "Serving"  # the count alone is fooled
+    v = diagnose(Signals(**stale), ready_workers=2, ready_ips=ready, engine_port=8000, **VLLM)
+    assert v.reason == "WorkersUnreachable" and "holds 1 healthy worker(s) for the 2 ready" in v.message, v
+    ok = dict(HEALTHY, health={"http://10.0.0.1:8000": 1, "http://10.0.0.3:8000": 1, "http://10.0.0.9:8000": 0})
+    v = diagnose(Signals(**ok), ready_ips=ready, **VLLM)
+    assert v.reason == "Serving" and v.message.startswith("2 workers healthy"), v  # the stale 0 is not counted
+    v6 = dict(HEALTHY, health={"http://[fd00::1]:8000": 1})
+    assert diagnose(Signals(**v6), ready_ips=frozenset({"fd00::1"}), **VLLM).reason == "Serving"
+
+
+def test_an_open_circuit_is_named_once_its_failures_left_the_window():
+    # sglang-router opened the prefill worker's circuit during KV failures; they are out
+    # of the window, the router still sends it nothing (503 "all circuits open")
+    sig = dict(HEALTHY, health={"http://10.0.0.1:30000": 1, "http://10.0.0.2:30000": 1},
+               circuits={"http://10.0.0.1:30000": 1, "http://10.0.0.2:30000": 0, "http://10.0.0.7:30000": 1})
+    v = diagnose(Signals(**sig), ready_ips=frozenset({"10.0.0.1", "10.0.0.2"}), **SGL)
+    assert v.reason == "WorkersUnreachable" and "circuit breaker is open for 1/2 workers" in v.message, v
+    assert "--cb-timeout-duration-secs" in v.message
+    # while the KV failures are in the window, they are the cause named
+    assert diagnose(Signals(**dict(sig, kv_failures=3)), ready_ips=frozenset({"10.0.0.1", "10.0.0.2"}),
+                    **SGL).reason == "KVTransferFailing"
+    closed = dict(sig, circuits={"http://10.0.0.1:30000": 2, "http://10.0.0.2:30000": 0})  # half-open: trying
+    assert diagnose(Signals(**closed), ready_ips=frozenset({"10.0.0.1", "10.0.0.2"}), **SGL).reason == "Serving"
+
+
+def test_per_worker_series_are_read_by_url():
+    sig = signals_by_service({
+        "health": [{"metric": {"namespace": "a", "pdserving_io_service": "s", "worker": "http://10.0.0.1:8000"},
+                    "value": [0, "1"]}],
+        "circuits": [{"metric": {"namespace": "a", "pdserving_io_service": "s", "worker": "http://10.0.0.1:8000"},
+                      "value": [0, "1"]}],
+    })
+    assert sig[("a", "s")].health == {"http://10.0.0.1:8000": 1.0}
+    assert sig[("a", "s")].circuits == {"http://10.0.0.1:8000": 1.0}
+    for engine, router in (("vllm", "vllm-router"), ("sglang", "sglang-router")):
+        q = diagnosis_queries(engine, router)
+        assert "worker)" in q["health"].promql[0] and "cb_state" in q["circuits"].promql[0]
 
 
 def test_no_series_is_unknown_not_serving():

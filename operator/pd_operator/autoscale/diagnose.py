@@ -18,9 +18,12 @@ Reasons, first match wins (a failure that explains the others goes first):
 - ``Overloaded``: the engines refuse requests at their queue limit (vLLM
   ``--max-num-queued-reqs``/``--max-num-queued-tokens``, HTTP 503) or the
   router rate-limits (429).
-- ``UnknownModelRequested``: clients ask for a model name the service does
-  not serve (sglang-router labels requests with the model asked for and
-  passes the engines' 404 through).
+- ``UnknownModelRequested``: requests for a model name the service does not
+  serve are answered 404 (sglang-router counts the 404s it passes on and
+  labels requests with the model asked for). SGLang 0.5.23 answers 404 only
+  on its Responses API: its chat and completions handlers never compare the
+  name and serve any with the loaded model, so there other names are noted
+  in the ``Serving`` message, not a failure.
 - ``EngineAuthRejected``: the router's requests to healthy workers fail and
   nothing above explains it: the engines refuse the router's key (401).
   vllm-router 0.1.17 counts every refused upstream request the same way
@@ -46,11 +49,13 @@ WINDOW = os.environ.get("PD_OPERATOR_DIAGNOSIS_WINDOW", "1m")
 ROUTER = {
     "vllm-router": {
         "worker_health": "vllm_router_worker_health",
+        "circuit": "vllm_router_cb_state",
         "worker_errors": 'vllm_router_pd_prefill_errors_total|vllm_router_pd_decode_errors_total',
         "requests": "vllm_router_pd_requests_total",
     },
     "sglang-router": {
         "worker_health": "smg_worker_health",
+        "circuit": "smg_worker_cb_state",
         "worker_errors": "smg_worker_errors_total",
         "requests": "smg_router_requests_total",
     },
@@ -113,6 +118,11 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
         "requests": _each(r["requests"], inc),
         "kv_failures": _each(KV_FAILURES[engine], inc),
         "overload": _each(OVERLOAD[engine], inc),
+        # each worker's health and circuit breaker (0 closed, 1 open, 2 half-open), by URL:
+        # the routers keep exporting a removed worker's last value, so the verdict counts
+        # only the workers on the IPs of the engine pods ready now
+        "health": (f"max by ({BY}, worker) ({r['worker_health']})",),
+        "circuits": (f"max by ({BY}, worker) ({r['circuit']})",),
     }
     if router == "sglang-router":
         # the model each client asked for (label ``model``) and the 404s the router passed through
@@ -143,18 +153,41 @@ class Signals:
     overload: float | None = None
     not_found: float | None = None
     models: Mapping[str, float] = field(default_factory=dict)
+    health: Mapping[str, float] = field(default_factory=dict)  # worker URL -> 1 healthy, 0 not
+    circuits: Mapping[str, float] = field(default_factory=dict)  # worker URL -> 0 closed, 1 open, 2 half-open
+
+
+PER_LABEL = {"models": "model", "health": "worker", "circuits": "worker"}
 
 
 def signals_by_service(results: Mapping[str, list[dict]]) -> dict[tuple[str, str], Signals]:
     """Raw query results (signal name -> instant vector) -> Signals per service."""
-    plain = {name: by_service(res) for name, res in results.items() if name != "models"}
-    models = by_service_label(results.get("models") or [], "model")
-    keys = set(models).union(*[set(v) for v in plain.values()]) if plain else set(models)
+    plain = {name: by_service(res) for name, res in results.items() if name not in PER_LABEL}
+    labelled = {name: by_service_label(results.get(name) or [], label) for name, label in PER_LABEL.items()}
+    keys = set().union(*[set(v) for v in (*plain.values(), *labelled.values())])
     out = {}
     for key in keys:
         vals = {name: _finite(v.get(key)) for name, v in plain.items()}
-        out[key] = Signals(**vals, models={m: n for m, n in models.get(key, {}).items() if _finite(n)})
+        per = {name: {k: n for k, n in v.get(key, {}).items() if _finite(n) is not None} for name, v in labelled.items()}
+        out[key] = Signals(**vals, **per)
     return out
+
+
+def ready_pod_ips(pods: list[dict]) -> frozenset[str]:
+    """The IPs of the pods whose Ready condition is True (the routers add a pod as a
+    worker once Kubernetes reports it Ready)."""
+    return frozenset(p["status"]["podIP"] for p in pods
+                     if (p.get("status") or {}).get("podIP")
+                     and any(c.get("type") == "Ready" and c.get("status") == "True"
+                             for c in p["status"].get("conditions") or []))
+
+
+def worker_host(url: str) -> str:
+    """The host of a router's worker URL (``http://10.0.0.5:8000`` -> ``10.0.0.5``)."""
+    host = url.split("://", 1)[-1].split("/", 1)[0]
+    if host.startswith("["):  # IPv6
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if ":" in host else host
 
 
 def _finite(v: float | None) -> float | None:
@@ -181,21 +214,34 @@ REASONS = ("WorkersUnreachable", "KVTransferFailing", "Overloaded", "UnknownMode
 
 def diagnose(s: Signals | None, *, served_name: str, engine: str, router: str, window: str = WINDOW,
              engine_port: int | None = None, key_ref: str | None = None, backend: str | None = None,
-             ready_workers: int | None = None) -> Verdict:
+             ready_workers: int | None = None, ready_ips: frozenset[str] | None = None) -> Verdict:
     """The Serving verdict of one service from its signals; ``ready_workers``: the
-    engine pods Kubernetes reports ready (the router should hold each one healthy)."""
-    if s is None or (s.workers is None and s.requests is None and s.kv_failures is None):
+    engine pods Kubernetes reports ready (the router should hold each one healthy);
+    ``ready_ips``: their IPs, when known: then only the router's workers on those IPs
+    count (a removed worker's health stays exported at its last value) and each IP
+    the router does not hold healthy is missing."""
+    if s is None or (s.workers is None and s.requests is None and s.kv_failures is None and not s.health):
         return Verdict("Unknown", "NoData",
                        f"Prometheus has no {router} or engine series for this service: scrape the router pods too "
                        "(manifests/prometheus/scrape-engines.yaml keeps roles prefill|decode|router)")
     errors, requests = _n(s.worker_errors), _n(s.requests)
     of = f" of {requests}" if requests else ""
     through = f" ({requests} requests through the router)" if requests else ""
-    missing = max(0, (ready_workers or 0) - _n(s.healthy)) if s.workers is not None or ready_workers else 0
-    if _n(s.unhealthy) > 0 or missing > 0:
+    workers, healthy, unhealthy = _n(s.workers), _n(s.healthy), _n(s.unhealthy)
+    circuits = s.circuits
+    if ready_ips is not None and s.health:
+        held = {w: v for w, v in s.health.items() if worker_host(w) in ready_ips}
+        workers, healthy = len(held), sum(1 for v in held.values() if v == 1)
+        unhealthy = workers - healthy
+        ready_workers = len(ready_ips)
+        missing = len(ready_ips - {worker_host(w) for w, v in held.items() if v == 1})
+        circuits = {w: v for w, v in s.circuits.items() if worker_host(w) in ready_ips}
+    else:
+        missing = max(0, (ready_workers or 0) - healthy) if s.workers is not None or ready_workers else 0
+    if unhealthy > 0 or missing > 0:
         port = f" port {engine_port}" if engine_port else " the engine port"
-        seen = (f"cannot reach {_n(s.unhealthy)}/{_n(s.workers)} workers (its health checks fail)" if _n(s.unhealthy)
-                else f"holds {_n(s.healthy)} healthy worker(s) for the {ready_workers} ready engine pods")
+        seen = (f"cannot reach {unhealthy}/{workers} workers (its health checks fail)" if unhealthy
+                else f"holds {healthy} healthy worker(s) for the {ready_workers} ready engine pods")
         return Verdict("False", "WorkersUnreachable",
                        f"{router} {seen}: "
                        f"check that the engines listen on{port} of the pod IP the router discovers, that no HTTP(S)_PROXY "
@@ -214,12 +260,13 @@ def diagnose(s: Signals | None, *, served_name: str, engine: str, router: str, w
                        f"{_n(s.overload)} requests in the last {window} were refused at {what}{through}: raise the "
                        "replicas (or autoscaling maxReplicas) of the pool whose queue is full, or the limit")
     asked = {m: n for m, n in s.models.items() if m and m != served_name and n > 0}
-    if asked or _n(s.not_found) > 0:
-        names = ", ".join(f"{m!r} ({_n(n)})" for m, n in sorted(asked.items())) or f"{_n(s.not_found)} requests"
+    names = ", ".join(f"{m!r} ({_n(n)})" for m, n in sorted(asked.items()))
+    if _n(s.not_found) > 0:
         return Verdict("False", "UnknownModelRequested",
-                       f"clients asked for a model this service does not serve in the last {window}: {names}; the engines "
-                       f"answer 404: use \"model\": \"{served_name}\" (status.servedModelName), or set "
-                       "model.servedName to the name the clients use")
+                       f"{_n(s.not_found)} requests in the last {window} were answered 404, a model this service does "
+                       f"not serve" + (f" (clients asked for {names})" if names else "") + ": use "
+                       f"\"model\": \"{served_name}\" (status.servedModelName), or set model.servedName to the name the "
+                       "clients use")
     if errors > 0:
         auth = (f"the engines refuse the router's key (401): the router and the engines must read the same key "
                 f"({key_ref or 'engine.apiKeySecretRef'}); after rotating the Secret, restart both pools and the router")
@@ -229,6 +276,17 @@ def diagnose(s: Signals | None, *, served_name: str, engine: str, router: str, w
         return Verdict("False", "EngineAuthRejected",
                        f"the workers refused {errors}{of} requests from {router} in the last {window}, with the workers "
                        f"healthy and no KV transfer failures: {auth}")
+    opened = sorted(w for w, v in circuits.items() if v == 1)
+    if opened:
+        # the failures that opened them are out of the window (else named above); the router
+        # still sends these workers nothing: requests answer 503 if no other worker is left
+        return Verdict("False", "WorkersUnreachable",
+                       f"{router}'s circuit breaker is open for {len(opened)}/{len(circuits)} workers "
+                       f"({', '.join(opened[:4])}) after earlier failures: it sends them no requests until its timeout "
+                       "passes and trial requests succeed (router extraArgs --cb-timeout-duration-secs, "
+                       "--cb-success-threshold); if it stays open, read the router's log for the workers' errors")
+    other = (f"; clients also asked for {names}: SGLang serves any model name with {served_name!r} (its chat and "
+             "completions APIs do not check it)" if names and engine == "sglang" else "")
     return Verdict("True", "Serving",
-                   f"{_n(s.workers)} workers healthy; no refused requests, KV transfer failures or queue-limit "
-                   f"rejections in the last {window}" + (f" ({requests} requests)" if requests else ""))
+                   f"{healthy} workers healthy; no refused requests, KV transfer failures or queue-limit "
+                   f"rejections in the last {window}" + (f" ({requests} requests)" if requests else "") + other)

@@ -23,7 +23,7 @@ from ..api.models import PDInferenceService, duration_seconds
 from ..autoscale import fit
 from ..autoscale.decide import Change, History, PoolState
 from ..autoscale.decide import Event as Recommendation
-from ..autoscale.diagnose import REASONS, Verdict, diagnose
+from ..autoscale.diagnose import REASONS, Verdict, diagnose, ready_pod_ips
 from ..autoscale.plan import PoolInput, plan_service
 from ..autoscale.promql import Observation
 from ..render.common import child_name, selector_labels
@@ -360,13 +360,14 @@ class Autoscaler:
             else:
                 from ..render.engines import engine_for
 
+                from ..render.pools import serving_selector
+
                 key_ref = spec.engine.api_key_secret_ref
-                ready = 0
-                for role in ("prefill", "decode"):
-                    sts = self.kube.get("StatefulSet", namespace, child_name(svc, role)) or {}
-                    ready += (sts.get("status") or {}).get("readyReplicas") or 0
+                # the pods the router discovers (its selectors), from the watch cache
+                ips = ready_pod_ips([p for role in ("prefill", "decode")
+                                     for p in self.kube.pods(namespace, serving_selector(svc, role))])
                 verdict = diagnose(result.get((namespace, name)), served_name=spec.served_model_name(),
-                                   ready_workers=ready,
+                                   ready_workers=len(ips), ready_ips=ips,
                                    engine=spec.engine.kind, router=key[2], backend=spec.backend(),
                                    engine_port=engine_for(svc).http_port,
                                    key_ref=f"Secret {key_ref.name} key {key_ref.key}" if key_ref else None)

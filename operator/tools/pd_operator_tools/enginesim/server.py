@@ -336,7 +336,10 @@ class SimServer:
         if not isinstance(body, dict):
             return _err(400, "request body must be a JSON object", "BadRequestError")
         model = body.get("model")
-        if model is not None and model not in (cfg.served_names or [cfg.model]) and model != cfg.model:
+        # vLLM refuses a model it does not serve (404); SGLang 0.5.23's chat and completions
+        # handlers never compare it (only /v1/responses and /v1/models/{model} answer 404)
+        if (cfg.flavor == "vllm" and model is not None and model not in (cfg.served_names or [cfg.model])
+                and model != cfg.model):
             return _err(404, f"The model `{model}` does not exist.", "NotFoundError")
         if chat:
             if not isinstance(body.get("messages"), list):
