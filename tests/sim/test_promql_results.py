@@ -173,3 +173,33 @@ def test_sglang(prom):
     assert (dec.queue, dec.kv_usage) == (approx(3), approx(0.9))
     # vLLM's series are not SGLang's
     assert ("team-a", "busy") not in prom.pool("sglang", "prefill", 0.99, window=WINDOW)
+
+
+def test_a_counter_created_at_its_first_increment_counts_whole(tmp_path):
+    # sglang-router creates smg_worker_errors_total at its first error (2 at once here,
+    # then none: its circuit breaker opened); increase() alone reads 0, as its first
+    # sample has no predecessor. A counter there from the start at a flat 5 counts 0.
+    def router(appears_at: int, value: float):
+        def page(scrape: int, _elapsed: float) -> dict[str, float]:
+            out = {'smg_worker_errors_total{worker_type="decode",connection_mode="http",error_type="backend_error"}': 5.0}
+            if scrape >= appears_at:
+                out['smg_worker_errors_total{worker_type="prefill",connection_mode="http",error_type="backend_error"}'] = value
+            return out
+        return page
+
+    procs, exporters = Procs(), [Exporter(router(4, 2.0)), Exporter(router(10**9, 0.0))]
+    try:
+        url = start_prometheus(procs, tmp_path, {"router": [
+            (exporters[0].host, exporters[0].port, {"namespace": "a", "pdserving_io_service": "new", "pdserving_io_role": "router"}),
+            (exporters[1].host, exporters[1].port, {"namespace": "a", "pdserving_io_service": "old", "pdserving_io_role": "router"})]})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and exporters[0].scrapes < 6:
+            time.sleep(0.5)
+        time.sleep(1.5)
+        got = PrometheusSignals(url).diagnosis("sglang", "sglang-router", window="30s")
+        assert got[("a", "new")].worker_errors == 2.0, got.get(("a", "new"))
+        assert got[("a", "old")].worker_errors == 0.0, got.get(("a", "old"))
+    finally:
+        procs.stop()
+        for e in exporters:
+            e.close()

@@ -108,7 +108,14 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
     """Every query of the diagnosis for one (engine, router) pair, covering all services."""
     r = ROUTER[router]
     k = (engine, router)
-    inc = f"sum by ({BY}) (increase({{m}}[{window}]))"
+    # increase() needs two samples of a series: the first value of a counter created at its
+    # first increment (the routers' error counters, SGLang's) would never count, and after
+    # a circuit breaker opens no second increment may come for a minute. A series with
+    # fewer samples in the window than its target has scrapes appeared while the target
+    # was scraped: created then, it counts whole (counters start at 0). One there since
+    # the target's first scrape in the window (a restarted Prometheus) counts its increase.
+    born = f"count_over_time({{m}}[{window}]) < on (instance, job) group_left count_over_time(up[{window}])"
+    inc = f"sum by ({BY}) (({{m}} and ({born})) or increase({{m}}[{window}]))"
     q = {
         # workers the router holds unhealthy / healthy / all (max over the router's replicas)
         "unhealthy": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",),
