@@ -70,6 +70,7 @@ class Client:
         self.first: dict[int, float] = {}
         self.last_code: int | None = None
         self.changes: list[tuple[float, int]] = []  # (when, code) each time the answer changed
+        self.reset_at = time.monotonic()  # when the clock was last restarted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -84,6 +85,7 @@ class Client:
     def reset(self, model: str | None = None, key: str | None = None) -> None:
         self.first.clear()
         self.changes.clear()
+        self.reset_at = time.monotonic()
         if model:
             self.model = model
         if key:
@@ -134,26 +136,63 @@ def patch_spec(custom_objects, namespace: str, name: str, spec: dict) -> None:
 
 
 class Serving:
+    """The service's Serving condition, polled every 0.25 s on a thread: a reason that
+    held for only a few seconds (SGLang: KVTransferFailing for one window, then the
+    router's open circuit breakers) is still seen."""
+
     def __init__(self, custom_objects, namespace: str, name: str):
         self.custom, self.namespace, self.name = custom_objects, namespace, name
         self.timeline: list[str] = []
+        self.seen: list[tuple[float, str, str]] = []  # (when, reason, message) at each change
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
 
     def cond(self) -> dict:
         return condition(get_svc(self.custom, self.namespace, self.name), "Serving") or {}
 
+    def _poll(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                c = self.cond()
+            except Exception:  # noqa: BLE001 - API server busy: next poll
+                continue
+            if c and (not self.seen or self.seen[-1][1] != c.get("reason")):
+                self.seen.append((time.monotonic(), c.get("reason", ""), c.get("message", "")))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def named(self, reason: str, after: float) -> tuple[float, str] | None:
+        """When ``reason`` was first seen after ``after`` (or ``after`` itself, if it was the
+        reason then), and its message."""
+        seen = list(self.seen)
+        before = [x for x in seen if x[0] < after]
+        if before and before[-1][1] == reason:
+            return after, before[-1][2]
+        return next(((t, m) for t, r, m in seen if r == reason and t >= after), None)
+
     def wait(self, reason: str, load: Client | None = None, timeout: float = 120.0) -> float | None:
-        """Wait for the reason; the seconds from the client's first failure to status naming it."""
-        wait_for(lambda: self.cond().get("reason") == reason, timeout, f"Serving reason {reason} (now {self.cond()})")
-        t = time.monotonic()
+        """Wait for the reason (named since the client's clock started, or now); the
+        seconds from the client's first failure to status naming it."""
+        after = load.reset_at if load else time.monotonic()
+        if reason == "Serving":
+            wait_for(lambda: self.cond().get("reason") == reason, timeout, f"Serving reason {reason} (now {self.cond()})")
+            hit = (time.monotonic(), self.cond().get("message", ""))
+        else:
+            hit = wait_for(lambda: self.named(reason, after), timeout,
+                           f"Serving reason {reason} (seen {[r for _, r, _ in self.seen[-6:]]})")
+        t, message = hit
         if load and reason != "Serving":
-            # named before the client's clock was restarted (the faulty pod routable): the
-            # delay is counted to the first failure seen since, a fraction of a second
-            wait_for(load.failing_since, 10, f"a failed request while {reason}")
+            # named before the client saw its first failure since its clock started (the
+            # faulty pod was routable): counted to that first failure
+            wait_for(load.failing_since, 30, f"a failed request while {reason}")
             t = max(t, load.failing_since())
         since = load.failing_since() if load else None
         delay = None if since is None else t - since
         self.timeline.append(f"  {reason:<24} {'' if delay is None else f'{delay:5.1f}s after the first failed request'}"
-                             f"  {self.cond().get('message', '')[:160]}")
+                             f"  {message[:160]}")
         if load and load.changes:
             self.timeline.append("      client answers: " + ", ".join(f"{c} at {w - t:+.1f}s" for w, c in load.changes[-8:]))
         return delay
@@ -261,7 +300,8 @@ def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, cu
         patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
                    "gpuProduct": "NVIDIA-H200", "env": [{"name": "PDSIM_FAIL_KV_TRANSFER", "value": "1"}]}})
         faulty_decode_serving(harness, router.url, load.key, load, lambda p: p.env.get("PDSIM_FAIL_KV_TRANSFER") == "1")
-        wait_for(lambda: load.last_code == 500, 120, "KV transfers failing (500)")
+        # a 500 seen since the clock started (on SGLang the 500s last ~1 s: then the breakers open, 503)
+        wait_for(load.failing_since, 120, "KV transfers failing (500, then 503 once sglang-router's breakers open)")
         delays["KVTransferFailing"] = status.wait("KVTransferFailing", load)
         patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
                    "gpuProduct": "NVIDIA-H200", "env": []}})
@@ -303,6 +343,7 @@ def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, cu
 
     finally:
         load.stop()
+        status.stop()
         print(f"\n=== Serving condition, {example} (scrape {SCRAPE_S:g} s, round {INTERVAL_S:g} s) ===\n"
               + "\n".join(status.timeline))
     events = [e for e in core_v1.list_namespaced_event(namespace).items if e.involved_object.name == "diag"]
