@@ -14,7 +14,9 @@ that returns the right numbers is right.
 
 from __future__ import annotations
 
+import json
 import math
+import signal
 import time
 
 import pytest
@@ -202,4 +204,39 @@ def test_a_counter_created_at_its_first_increment_counts_whole(tmp_path):
     finally:
         procs.stop()
         for e in exporters:
+            e.close()
+
+
+def test_a_counter_on_a_pod_started_within_the_window_counts_whole(tmp_path):
+    # A new router pod refuses its first requests before Prometheus first scrapes it, so
+    # its error counter is there, at 3, from the pod's first sample on (then its breaker
+    # opens: no more). Its pod started within the window: the 3 count. The target scraped
+    # since Prometheus started, whose counter is there at 5 from its first sample, counts
+    # only its increase (0): as after a restart of Prometheus, nothing says when its 5 came.
+    def router(value: float):
+        def page(_scrape: int, _elapsed: float) -> dict[str, float]:
+            return {'smg_worker_errors_total{worker_type="decode",connection_mode="http",error_type="backend_error"}': value}
+        return page
+
+    procs, old, new = Procs(), Exporter(router(5.0)), Exporter(router(3.0))
+    labels = lambda svc: {"namespace": "a", "pdserving_io_service": svc, "pdserving_io_role": "router"}  # noqa: E731
+    try:
+        url = start_prometheus(procs, tmp_path, {"router": [(old.host, old.port, labels("old"))]})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and old.scrapes < 8:
+            time.sleep(0.5)
+        # the new pod joins the job (as service discovery adds it): config reloaded on SIGHUP
+        config = json.loads((tmp_path / "prometheus.yml").read_text())
+        config["scrape_configs"][0]["static_configs"].append({"targets": [f"{new.host}:{new.port}"], "labels": labels("new")})
+        (tmp_path / "prometheus.yml").write_text(json.dumps(config))
+        procs.procs[-1].send_signal(signal.SIGHUP)
+        while time.monotonic() < deadline + 30 and new.scrapes < 3:
+            time.sleep(0.5)
+        time.sleep(1.5)
+        got = PrometheusSignals(url).diagnosis("sglang", "sglang-router", window="30s")
+        assert new.scrapes >= 3 and got[("a", "new")].worker_errors == 3.0, got.get(("a", "new"))
+        assert got[("a", "old")].worker_errors == 0.0, got.get(("a", "old"))
+    finally:
+        procs.stop()
+        for e in (old, new):
             e.close()

@@ -110,12 +110,22 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
     k = (engine, router)
     # increase() needs two samples of a series: the first value of a counter created at its
     # first increment (the routers' error counters, SGLang's) would never count, and after
-    # a circuit breaker opens no second increment may come for a minute. A series with
-    # fewer samples in the window than its target has scrapes appeared while the target
-    # was scraped: created then, it counts whole (counters start at 0). One there since
-    # the target's first scrape in the window (a restarted Prometheus) counts its increase.
+    # a circuit breaker opens no second increment may come for a minute. A counter counts
+    # whole (counters start at 0 with their process) when
+    # - born: it has fewer samples in the window than its target has scrapes, so it was
+    #   created while the target was being scraped; or
+    # - on a young target: the target itself has at least two scrapes fewer than the
+    #   longest-scraped target of its job, so its pod started within the window (a new
+    #   router or engine pod whose counter was created before its first scrape). After a
+    #   restart of Prometheus every target of a job starts together (one discovery; the
+    #   scrape offsets within an interval make counts differ by at most one), so none is
+    #   young and a counter there at the first scrape counts only its increase.
+    # A job with a single target has no young target.
     born = f"count_over_time({{m}}[{window}]) < on (instance, job) group_left count_over_time(up[{window}])"
-    inc = f"sum by ({BY}) (({{m}} and ({born})) or increase({{m}}[{window}]))"
+    young = (f"count_over_time(up[{window}]) < on (job) group_left() "
+             f"(max by (job) (count_over_time(up[{window}])) - 1)")
+    inc = (f"sum by ({BY}) (({{m}} and ({born})) or ({{m}} and on (instance, job) ({young})) "
+           f"or increase({{m}}[{window}]))")
     q = {
         # workers the router holds unhealthy / healthy / all (max over the router's replicas)
         "unhealthy": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",),
