@@ -217,6 +217,7 @@ class LeaseApi:
         self.lease: dict | None = None
         self.rv = 0
         self.down: set[str] = set()
+        self.calls: list[tuple[str, str]] = []  # (who, method)
 
     def client(self, who: str):
         api = self
@@ -225,6 +226,7 @@ class LeaseApi:
             def _call(self, method, path, body=None, **kw):
                 if who in api.down:
                     raise ConnectionError("unreachable")
+                api.calls.append((who, method))
                 if method == "GET":
                     if api.lease is None:
                         raise ApiException(status=404, reason="Not Found")
@@ -266,6 +268,27 @@ def test_one_replica_leads_and_the_standby_takes_over_when_it_stops_renewing():
     assert store.lease["spec"]["leaseTransitions"] == 1
     # a, cut off, steps down by itself before b could have taken over
     assert a.leading.is_set() is False or a._failed(clock(), ConnectionError()) is False
+
+
+def test_the_holder_renews_with_one_request_and_steps_down_when_its_lease_was_taken():
+    store, clock = LeaseApi(), Clock()
+    a = LeaderElector(store.client("a"), NS, identity="a", duration=15, renew=5, clock=clock)
+    b = LeaderElector(store.client("b"), NS, identity="b", duration=15, renew=5, clock=clock)
+    assert a.try_once()
+    store.calls.clear()
+    for _ in range(10):
+        clock.t += 5
+        assert a.try_once()
+    assert store.calls == [("a", "PATCH")] * 10  # a conditional patch per renewal, no read
+    store.down.add("a")  # a cut off: b takes over once the record stood still for 15 s
+    for _ in range(4):
+        clock.t += 5
+        b.try_once()
+    assert store.lease["spec"]["holderIdentity"] == "b"
+    store.down.discard("a")
+    clock.t += 1
+    assert a.try_once() is False and not a.leading.is_set()  # its patch: 409; its read: b's live lease
+    assert store.lease["spec"]["holderIdentity"] == "b"
 
 
 def test_a_released_lease_is_taken_at_the_next_check():

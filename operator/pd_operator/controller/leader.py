@@ -47,6 +47,7 @@ class LeaderElector:
         self._observed: tuple[str, str, str] | None = None  # (holder, renewTime, resourceVersion) last seen
         self._observed_at = 0.0
         self._last_renewed = 0.0
+        self._mine: dict | None = None  # the Lease as our last write left it (the holder renews from it)
 
     @property
     def path(self) -> str:
@@ -72,6 +73,20 @@ class LeaderElector:
     def try_once(self) -> bool:
         """One round: acquire or renew. Returns whether this replica leads afterwards."""
         now = self.clock()
+        if self.leading.is_set() and self._mine is not None:
+            # the holder renews with one request: a patch conditional on the version its
+            # own last write returned; anyone else's write since (409) sends it to a read
+            spec = self._mine.get("spec") or {}
+            try:
+                self._mine = self._patch(self._mine, self._record(self.identity, int(spec.get("leaseTransitions") or 0),
+                                                                  spec.get("acquireTime")))
+            except ApiException as err:
+                self._mine = None
+                if err.status != 409:
+                    return self._failed(now, err)
+            else:
+                self._last_renewed = now
+                return True
         try:
             lease = self.kube._call("GET", self.path)
         except ApiException as err:
@@ -81,7 +96,7 @@ class LeaderElector:
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": self._record(self.identity, 0, None)}
             try:
-                self.kube._call("POST", self.path.rsplit("/", 1)[0], body=body)
+                self._mine = self.kube._call("POST", self.path.rsplit("/", 1)[0], body=body)
             except ApiException as err2:
                 return self._failed(now, err2)
             self._last_renewed = now
@@ -99,7 +114,7 @@ class LeaderElector:
         acquire = spec.get("acquireTime") if holder == self.identity else None
         record = self._record(self.identity, transitions, acquire)
         try:  # resourceVersion in the patch is a precondition: of two replicas taking over at once, one wins (409)
-            self._patch(lease, record)
+            self._mine = self._patch(lease, record)
         except ApiException as err:
             return self._failed(now, err)
         self._last_renewed = now
@@ -108,10 +123,10 @@ class LeaderElector:
         self._set(True)
         return True
 
-    def _patch(self, lease: dict, spec: dict) -> None:
-        """A merge patch (RBAC: patch, no update) conditional on the version read."""
+    def _patch(self, lease: dict, spec: dict) -> dict:
+        """A merge patch (RBAC: patch, no update) conditional on the version read; the Lease written."""
         body = {"metadata": {"resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}, "spec": spec}
-        self.kube._call("PATCH", self.path, body=body, content_type="application/merge-patch+json")
+        return self.kube._call("PATCH", self.path, body=body, content_type="application/merge-patch+json")
 
     def _failed(self, now: float, err: Exception) -> bool:
         if self.leading.is_set() and now - self._last_renewed >= self.duration - self.renew:
@@ -130,6 +145,7 @@ class LeaderElector:
         if not self.leading.is_set():
             return
         self._set(False)
+        self._mine = None
         try:
             lease = self.kube._call("GET", self.path)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
