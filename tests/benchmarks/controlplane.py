@@ -5,12 +5,19 @@
 For each N it creates N small PDInferenceServices in a fresh namespace with one
 operator process watching it, and prints:
 
-- create-to-children: seconds from the first create to every service's 13
-  children present, against a raw ``kubectl apply --server-side`` of the same
-  rendered children (``pdctl render``) into another namespace;
-- steady state: API requests/s the operator sends with nothing changing
-  (its own ``pd_operator_api_requests_total``, every request it makes but its
-  watches), total and per service, over ``--idle`` seconds after a settle;
+- create-to-children: seconds from the ``kubectl apply`` of N services to every
+  service's 13 children present, against a raw ``kubectl apply --server-side`` of
+  the same rendered children (``pdctl render``) into another namespace, both
+  timed the same way (watches count the children; polling with kubectl would
+  load the 2-core API server during one run only);
+- steady state: API requests/s the operator sends with nothing changing, total
+  and per service, over ``--idle`` seconds after a settle, as the API server
+  counts them: the operator runs as its own ServiceAccount, which a FlowSchema
+  of its own matches, and ``apiserver_flowcontrol_dispatched_requests_total``
+  of that FlowSchema counts every request it dispatched (watches started
+  included: none should be in steady state). The operator's own
+  ``pd_operator_api_requests_total`` (every request but its watches) by verb,
+  alongside;
 - operator RSS (MB) and CPU (% of one core) over the same window (/proc);
 - edit-to-child p50/p99: seconds from a spec edit (router replicas) to the
   router Deployment carrying it, for ``--edits`` edits spread over the services.
@@ -30,7 +37,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -58,11 +67,6 @@ def kubectl(kc: str, *args: str, stdin: str | None = None) -> subprocess.Complet
     return subprocess.run([k, "--kubeconfig", kc, *args], input=stdin, capture_output=True, text=True, check=True)
 
 
-def count(kc: str, namespace: str, kinds: str) -> int:
-    out = kubectl(kc, "get", kinds, "-n", namespace, "-l", "app.kubernetes.io/managed-by=pd-operator", "-o", "name")
-    return len([line for line in out.stdout.splitlines() if line.strip()])
-
-
 def proc_stats(pid: int) -> tuple[float, float]:
     """(RSS MB, CPU seconds so far)."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -72,13 +76,121 @@ def proc_stats(pid: int) -> tuple[float, float]:
     return rss, cpu
 
 
-def api_requests(port: int) -> float:
+def cpu_seconds(names: tuple[str, ...] = ("kube-apiserver", "etcd")) -> dict[str, float]:
+    """CPU seconds used so far by the cluster's processes of these names (where the time goes)."""
+    out: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        if comm in names:
+            fields = text.rsplit(")", 1)[1].split()
+            out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 1) for k in after}
+
+
+def own_requests(port: int) -> dict[str, float]:
+    """The operator's own count of its API requests, by verb."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(r'^pd_operator_api_requests_total\{[^}]*\} (\S+)$', text, re.M))
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r'^pd_operator_api_requests_total\{[^}]*verb="(\w+)"[^}]*\} (\S+)$', text, re.M)}
 
 
-def run(kc: str, n: int, idle: float, edits: int) -> dict:
-    kinds = "statefulsets,deployments,services,serviceaccounts,poddisruptionbudgets,roles,rolebindings,networkpolicies"
+IDENTITY = "pd-operator-bench"  # ServiceAccount (namespace default) and FlowSchema
+
+
+def operator_identity(kc: str, workdir: Path) -> Path:
+    """A kubeconfig for the operator as its own ServiceAccount (cluster-admin), and a
+    FlowSchema matching only it, so the API server counts its requests."""
+    kubectl(kc, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": IDENTITY, "namespace": "default"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": IDENTITY},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+         "subjects": [{"kind": "ServiceAccount", "name": IDENTITY, "namespace": "default"}]},
+        {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema", "metadata": {"name": IDENTITY},
+         "spec": {"priorityLevelConfiguration": {"name": "workload-high"}, "matchingPrecedence": 100,
+                  "distinguisherMethod": {"type": "ByUser"},
+                  "rules": [{"subjects": [{"kind": "ServiceAccount",
+                                           "serviceAccount": {"name": IDENTITY, "namespace": "default"}}],
+                             "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                                "namespaces": ["*"], "clusterScope": True}],
+                             "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}]}}]))
+    token = kubectl(kc, "create", "token", IDENTITY, "-n", "default", "--duration", "24h").stdout.strip()
+    admin = yaml.safe_load(Path(kc).read_text())
+    admin["users"][0]["user"] = {"token": token}
+    out = workdir / "operator.kubeconfig"
+    out.write_text(yaml.safe_dump(admin))
+    return out
+
+
+def apiserver_requests(kc: str) -> float:
+    """Requests the API server dispatched for the operator's FlowSchema so far."""
+    text = kubectl(kc, "get", "--raw", "/metrics").stdout
+    return sum(float(m.group(1)) for m in re.finditer(
+        r'^apiserver_flowcontrol_dispatched_requests_total\{[^}]*flow_schema="%s"[^}]*\} (\S+)$' % IDENTITY, text, re.M))
+
+
+class Children:
+    """The names of the operator-managed children of some namespaces, from one watch per
+    kind (the API server serves watches from its cache; nothing is polled)."""
+
+    PATHS = ("/apis/apps/v1/statefulsets", "/apis/apps/v1/deployments", "/api/v1/services", "/api/v1/serviceaccounts",
+             "/apis/policy/v1/poddisruptionbudgets", "/apis/rbac.authorization.k8s.io/v1/roles",
+             "/apis/rbac.authorization.k8s.io/v1/rolebindings", "/apis/networking.k8s.io/v1/networkpolicies")
+
+    def __init__(self, kc: str):
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=kc, client_configuration=cfg)
+        self.api = client.ApiClient(cfg)
+        self.seen: set[tuple[str, str, str]] = set()  # (path, namespace, name)
+        self.cond = threading.Condition()
+        for path in self.PATHS:
+            threading.Thread(target=self._watch, args=(path,), daemon=True).start()
+
+    def _watch(self, path: str) -> None:
+        while True:
+            try:
+                resp = self.api.call_api("GET", self.api.configuration.host + path + "?" + urllib.parse.urlencode(
+                    {"watch": "1", "labelSelector": "app.kubernetes.io/managed-by=pd-operator"}),
+                    header_params={"Accept": "application/json"}, _request_timeout=(10, 3600))
+                buf = b""
+                for chunk in resp.response.stream(65536):
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        meta = event["object"].get("metadata", {})
+                        if event["type"] == "ADDED":
+                            with self.cond:
+                                self.seen.add((path, meta.get("namespace"), meta.get("name")))
+                                self.cond.notify_all()
+            except Exception:  # noqa: BLE001 - a dropped watch is started again (it lists again)
+                time.sleep(0.5)
+
+    def count(self, namespace: str) -> int:
+        with self.cond:
+            return sum(1 for _, ns, _ in self.seen if ns == namespace)
+
+    def wait(self, namespace: str, want: int, timeout: float = 3600.0) -> float:
+        """Seconds until ``want`` children of ``namespace`` were seen."""
+        started = time.monotonic()
+        with self.cond:
+            if not self.cond.wait_for(lambda: sum(1 for _, ns, _ in self.seen if ns == namespace) >= want, timeout):
+                raise TimeoutError(f"{namespace}: {self.count(namespace)} of {want} children after {timeout:.0f}s")
+        return time.monotonic() - started
+
+
+def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Path) -> dict:
     ns = f"bench-{n}-{uuid.uuid4().hex[:5]}"
     raw_ns = f"{ns}-raw"
     for name in (ns, raw_ns):
@@ -87,32 +199,36 @@ def run(kc: str, n: int, idle: float, edits: int) -> dict:
     log = open(tempfile.mktemp(prefix="bench-op-", suffix=".log"), "w")
     op = subprocess.Popen([sys.executable, "-m", "pd_operator", "-n", ns, "--liveness-port", "0",
                            "--metrics-port", str(port), "--bind", "127.0.0.1"],
-                          env={**os.environ, "KUBECONFIG": kc, "PD_OPERATOR_WARMUP_SECONDS": "1"},
+                          env={**os.environ, "KUBECONFIG": str(op_kc), "PD_OPERATOR_WARMUP_SECONDS": "1"},
                           stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         time.sleep(4)
         want = 13 * n
         docs = [body(f"s{i}", ns) for i in range(n)]
-        started = time.monotonic()
+        c0, r0, started = {**cpu_seconds(), "operator": proc_stats(op.pid)[1]}, own_requests(port), time.monotonic()
         kubectl(kc, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
-        while count(kc, ns, kinds) < want:
-            time.sleep(0.5)
+        children.wait(ns, want)
         create_s = time.monotonic() - started
+        create_cpu = delta({**cpu_seconds(), "operator": proc_stats(op.pid)[1]}, c0)
+        create_requests = delta(own_requests(port), r0)
         # the same children, rendered and applied raw
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
             f.write(yaml.safe_dump_all([body(f"s{i}", raw_ns) for i in range(n)]))
             f.flush()
             rendered = subprocess.run([str(Path(sys.executable).parent / "pdctl"), "render", "-f", f.name],
                                       capture_output=True, text=True, check=True, cwd=ROOT).stdout
-        started = time.monotonic()
+        c0, started = cpu_seconds(), time.monotonic()
         kubectl(kc, "apply", "--server-side", "-f", "-", stdin=rendered)
+        children.wait(raw_ns, want)
         raw_s = time.monotonic() - started
+        raw_cpu = delta(cpu_seconds(), c0)
         # steady state
         time.sleep(max(10.0, n / 20))
-        r0, (rss0, cpu0), t0 = api_requests(port), proc_stats(op.pid), time.monotonic()
+        a0, o0, (rss0, cpu0), t0 = apiserver_requests(kc), own_requests(port), proc_stats(op.pid), time.monotonic()
         time.sleep(idle)
-        r1, (rss1, cpu1), t1 = api_requests(port), proc_stats(op.pid), time.monotonic()
-        rate = (r1 - r0) / (t1 - t0)
+        a1, o1, (rss1, cpu1), t1 = apiserver_requests(kc), own_requests(port), proc_stats(op.pid), time.monotonic()
+        rate = (a1 - a0) / (t1 - t0)
+        own = {verb: round((o1.get(verb, 0.0) - o0.get(verb, 0.0)) / (t1 - t0), 4) for verb in o1}
         # edit-to-child
         lat = []
         for j in range(edits):
@@ -131,7 +247,9 @@ def run(kc: str, n: int, idle: float, edits: int) -> dict:
         lat.sort()
         return {"services": n, "create_to_children_s": round(create_s, 2), "raw_apply_s": round(raw_s, 2),
                 "create_vs_raw": round(create_s / raw_s, 2) if raw_s else None,
+                "create_cpu_s": create_cpu, "raw_cpu_s": raw_cpu, "create_requests_by_verb": create_requests,
                 "idle_requests_per_s": round(rate, 4), "idle_requests_per_s_per_service": round(rate / n, 5),
+                "idle_own_requests_per_s_by_verb": own,
                 "rss_mb": round(rss1, 1), "cpu_percent": round(100 * (cpu1 - cpu0) / (t1 - t0), 1),
                 "edit_to_child_p50_s": round(statistics.median(lat), 3) if lat else None,
                 "edit_to_child_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3) if lat else None}
@@ -159,8 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kubectl(kc, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "pdinferenceservices.yaml"))
         kubectl(kc, "wait", "--for=condition=Established", "crd/pdinferenceservices.pdserving.io", "--timeout=60s")
-        for n in (int(x) for x in args.services.split(",")):
-            print(json.dumps(run(kc, n, args.idle, args.edits)), flush=True)
+        children = Children(kc)
+        with tempfile.TemporaryDirectory() as tmp:
+            op_kc = operator_identity(kc, Path(tmp))
+            for n in (int(x) for x in args.services.split(",")):
+                print(json.dumps(run(kc, n, args.idle, args.edits, children, op_kc)), flush=True)
     finally:
         if not was_running and not os.environ.get("PD_KEEP_CLUSTER"):
             cluster.down(name)

@@ -141,6 +141,9 @@ class FakeApi:
             if "status" in old:
                 new["status"] = old["status"]
             new["metadata"]["managedFields"] = old["metadata"].get("managedFields") or []
+        # as the API server: generation 1 at creation, +1 for each change of the spec
+        before = (old or {}).get("metadata", {}).get("generation", 0)
+        new["metadata"]["generation"] = before + (old is None or (old.get("spec") != new.get("spec")))
         self._stamp(new, manager, "Apply", fields=owned(obj))
         self.objects[key] = new
         return copy.deepcopy(new)
@@ -148,6 +151,8 @@ class FakeApi:
     def apply_replicas(self, kind, namespace, name, replicas):
         self.calls.append(("apply_replicas", kind))
         obj = self.objects[(kind, namespace, name)]
+        if obj["spec"].get("replicas") != replicas:
+            obj["metadata"]["generation"] = obj["metadata"].get("generation", 0) + 1
         obj["spec"]["replicas"] = replicas
         self._stamp(obj, REPLICAS_MANAGER, "Apply", fields=["spec.replicas"])
         return copy.deepcopy(obj)

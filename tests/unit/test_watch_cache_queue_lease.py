@@ -63,6 +63,22 @@ def test_an_idle_reconcile_from_the_cache_sends_no_request_at_all():
     assert api.calls == []
 
 
+def test_creating_a_service_reads_nothing_but_its_two_pools():
+    # the children are new: the cache not having them is the answer, except for the pools
+    # (one taken for absent would be created at its initial size over an autoscaled one)
+    api, cache = FakeApi(), Cache()
+    body = minimal(engine={"kind": "vllm"})
+    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1}
+    api.services[(NS, "svc")] = body
+    watched(api, cache)
+    kube = CachedKube(api, cache)
+    reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+    reads = [c for c in api.calls if c[0] in ("get", "list")]
+    assert sorted(set(reads)) == [("get", "StatefulSet")] and len(reads) == 2, reads
+    applied = sorted(kind for verb, kind in api.calls if verb == "apply")
+    assert sorted(kind for verb, kind in api.calls if verb == "apply-dry-run") == applied and len(applied) >= 10
+
+
 def test_prune_reads_the_cache_and_deletes_what_the_spec_no_longer_renders():
     api, cache = FakeApi(), Cache()
     body = minimal()
@@ -99,6 +115,11 @@ def test_events_are_read_only_while_a_pool_misses_pods():
     cache.put("StatefulSet", sts)
     assert kube.create_failures(NS, "StatefulSet", "p") == [] and api.calls == []
     cache.put("StatefulSet", {**sts, "status": {"replicas": 1}})
+    kube.create_failures(NS, "StatefulSet", "p")
+    assert api.calls == [("list", "Event")]
+    # just created or edited (generation 3, its controller has acted on 2): not yet
+    cache.put("StatefulSet", {"metadata": {**sts["metadata"], "generation": 3}, "spec": {"replicas": 3},
+                              "status": {"replicas": 2, "observedGeneration": 2}})
     kube.create_failures(NS, "StatefulSet", "p")
     assert api.calls == [("list", "Event")]
 

@@ -2,8 +2,8 @@
 
 kopf already watches the PDInferenceServices, every child kind and the pods
 (``handlers.py``); each event lands in a ``Cache``. ``CachedKube`` answers
-the reads of the reconciler and the autoscaler from it (a GET only when the
-object has not been seen yet, e.g. just after start-up) and forwards the
+the reads of the reconciler and the autoscaler from it (a GET only for a pool not seen
+yet) and forwards the
 writes, keeping their responses, so with nothing changing a reconcile sends
 no request at all (``reconcile.py`` writes only what differs).
 """
@@ -19,6 +19,7 @@ from ..api.constants import LABEL_MANAGED_BY, LABEL_SERVICE
 from .kube import FIELD_MANAGER, KINDS, Kube
 
 SERVICE_KIND = "PDInferenceService"
+POOL_KINDS = ("StatefulSet", "LeaderWorkerSet")
 POD_KIND = "Pod"
 # A Secret found usable is trusted this long before it is read again (a
 # missing one is read again at every reconcile, so the fix is seen at once).
@@ -96,10 +97,15 @@ class CachedKube:
 
     # -- reads ---------------------------------------------------------------------
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        """The cached object; None when the watches have not seen it. Reconciles start
+        after the warm-up that fills the cache, and a child wrongly taken for absent
+        is only applied again (server-side apply of the same object changes nothing).
+        A pool is the exception: taken for absent, it would be created at its initial
+        size over an autoscaled one, so a pool not seen is asked for (once per new pool)."""
         obj = self.cache.get(kind, namespace, name)
-        if obj is not None:
+        if obj is not None or kind not in POOL_KINDS:
             return obj
-        obj = self.kube.get(kind, namespace, name)  # not seen yet (start-up): ask once
+        obj = self.kube.get(kind, namespace, name)
         if obj is not None:
             self.cache.put(kind, obj)
         return obj
@@ -117,14 +123,17 @@ class CachedKube:
         return self.cache.select(SERVICE_KIND, namespace, {})
 
     def create_failures(self, namespace: str, kind: str, name: str) -> list[dict]:
-        """Only asked while the StatefulSet has fewer pods than it wants (a refused
-        pod create is the one thing that reads events)."""
+        """Only asked while the StatefulSet has fewer pods than it wants after its
+        controller acted on it (a refused pod create is the one thing that reads events)."""
         sts = self.cache.get(kind, namespace, name)
         if sts is not None:
             want = (sts.get("spec") or {}).get("replicas")
-            have = (sts.get("status") or {}).get("replicas") or 0
+            status = sts.get("status") or {}
+            have = status.get("replicas") or 0
             if want is not None and have >= want:
                 return []
+            if (status.get("observedGeneration") or 0) < ((sts.get("metadata") or {}).get("generation") or 0):
+                return []  # its controller has not yet acted on this version (a pool just created or edited)
         return self.kube.create_failures(namespace, kind, name)
 
     def secret_problem(self, namespace: str, name: str, key: str) -> str | None:

@@ -7,6 +7,7 @@ import logging
 import sys
 
 import kopf
+from kubernetes import client
 from kubernetes import config as kube_config
 from prometheus_client import start_http_server
 
@@ -46,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         kube_config.load_incluster_config()
     except kube_config.ConfigException:
         kube_config.load_kube_config()
+    # connections kept open: the reconcile workers, their parallel dry-runs, the
+    # autoscaler and the leader election (the default, 5 per CPU, would drop and
+    # re-open TLS connections under a burst of creates)
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 32
+    client.Configuration.set_default(cfg)
 
     from . import handlers  # registers the handlers
 

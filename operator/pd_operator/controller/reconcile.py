@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 from kubernetes.client.rest import ApiException
@@ -91,8 +92,8 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     try:
         svc = validate_service(body)
         svc.metadata.namespace = namespace
-        current = {role: ((kube.get(pool_kind(svc, role), namespace, child_name(svc, role)) or {}).get("spec") or {}).get("replicas")
-                   for role in ("prefill", "decode")}
+        existing_pools = {role: kube.get(pool_kind(svc, role), namespace, child_name(svc, role)) for role in ("prefill", "decode")}
+        current = {role: ((pool or {}).get("spec") or {}).get("replicas") for role, pool in existing_pools.items()}
         current = {k: v for k, v in current.items() if v is not None}
         owner = {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": meta["uid"]}
         objs = render(svc, owner=owner, current_replicas=current)
@@ -118,7 +119,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         if role is not None and current.get(role) is None:
             applied = {**applied, "spec": obj["spec"]}
         meta = applied["metadata"]
-        existing = kube.get(applied["kind"], meta["namespace"], meta["name"])
+        existing = existing_pools[role] if role is not None else kube.get(applied["kind"], meta["namespace"], meta["name"])
         stale = not up_to_date(existing, meta["annotations"][HASH_ANNOTATION],
                                OWNED.get(namespace, name, applied["kind"], meta["name"]))
         if not stale:
@@ -353,6 +354,17 @@ class Refusals:
 REFUSALS = Refusals()
 
 
+_DRY_RUNS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dry-run")
+
+
+def _dry_run_one(kube: Kube, obj: dict) -> ApiException | None:
+    try:
+        kube.apply(obj, dry_run=True)
+    except ApiException as err:
+        return err
+    return None
+
+
 def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict]) -> tuple[list[tuple[str, str, str, str]], str | None]:
     """Server-side dry-run of every object about to be written.
 
@@ -366,11 +378,11 @@ def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict]) -> tuple[l
     if known is not None:
         return known, None
     refused: list[tuple[str, str, str, str]] = []
-    for obj in objs:
+    # the dry-runs write nothing and do not depend on each other: sent at once
+    errors = list(_DRY_RUNS.map(lambda o: _dry_run_one(kube, o), objs))
+    for obj, err in zip(objs, errors):
         kind, obj_name = obj["kind"], obj["metadata"]["name"]
-        try:
-            kube.apply(obj, dry_run=True)
-        except ApiException as err:
+        if err is not None:
             if kind == "RoleBinding" and err.status == 404:
                 continue  # its Role is created in the same apply; a RoleBinding has no fields to refuse
             message, causes = refusal(err)
