@@ -102,3 +102,51 @@ def test_kill_the_active_replica_while_services_are_created_and_edited(kube_clus
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_rolling_update_hands_the_lease_over_without_a_gap(kube_cluster, crd, namespace,  # noqa: F811
+                                                             custom_objects, api_client, apps_v1, tmp_path):
+    """What ``helm upgrade`` does to the chart's two replicas (maxSurge 1, maxUnavailable
+    0): a new replica starts, then the old ones get SIGTERM in turn. The active one
+    releases the Lease as it stops, so a standby takes over at its next check (renew
+    5 s), not after the 15-s expiry a kill -9 costs; an edit made as the active one stops
+    is applied within that."""
+    env = {"PD_OPERATOR_WARMUP_SECONDS": "1"}
+    logs = {n: tmp_path / f"{n}.log" for n in ("a", "b", "c")}
+    ops = {n: Operator(kube_cluster.kubeconfig, namespace, logs[n], env=env) for n in logs}
+    ops["a"].start()
+    ops["b"].start()
+    try:
+        first = wait_for(lambda: holder(api_client, namespace), 30, "a lease holder")
+
+        def identity(n):
+            m = re.search(r"(\S+) holds the lease", logs[n].read_text()) if logs[n].exists() else None
+            return m.group(1) if m else None
+
+        wait_for(lambda: identity("a") or identity("b"), 30, "the holder's log line")
+        old_active = "a" if identity("a") == first else "b"
+        old_standby = "b" if old_active == "a" else "a"
+        create(custom_objects, service("r0", namespace))
+        wait_for(lambda: apps_v1.read_namespaced_deployment("r0-router", namespace).spec.replicas == 1, 60, "r0 created")
+        ops["c"].start()  # the surge replica of the new ReplicaSet
+        time.sleep(3)  # up and watching (the rollout waits for it to be Ready)
+        gaps = []
+        for stopping, replicas in ((old_active, 2), (old_standby, 3)):
+            was = holder(api_client, namespace)
+            started = time.monotonic()
+            ops[stopping].stop()  # SIGTERM: kopf's cleanup releases the Lease if it holds it
+            custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "r0",
+                                                          {"spec": {"router": {"replicas": replicas}}})
+            wait_for(lambda: apps_v1.read_namespaced_deployment("r0-router", namespace).spec.replicas == replicas,
+                     30, f"the edit applied after {stopping} stopped")
+            gaps.append((stopping, was == identity(stopping), time.monotonic() - started))
+        # each stop handed over (or cost nothing, a standby's) well before the Lease would
+        # have expired (15 s after its last renewal): the edit made as it stopped is applied
+        (_, was_active, gap), (_, _, second) = gaps
+        assert was_active and gap < 10.0 and second < 10.0, gaps
+        wait_for(lambda: holder(api_client, namespace) == identity("c"), 10, "the new replica holding the lease")
+        print(f"\nrolling update: edit applied {gap:.1f}s after SIGTERM to the active replica, "
+              f"{second:.1f}s after SIGTERM to the standby")
+    finally:
+        for op in ops.values():
+            op.stop()

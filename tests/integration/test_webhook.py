@@ -97,6 +97,19 @@ def test_kubectl_apply_of_an_unknown_flag_fails_at_once_with_the_field(kube_clus
         assert "denied the request" in r.stderr and "spec.prefill.extraArgs" in r.stderr, r.stderr
         assert "--pd-disaggregation" in r.stderr, r.stderr
         refused = r.stderr.strip()
+        # what the API server refuses of the children (here a toleration Exists with a
+        # value, in the decode StatefulSet's pod template): refused too, nothing created
+        tol = service("bad-toleration", namespace)
+        tol["spec"]["decode"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "value": "yes"}]
+        (tmp_path / "tol.yaml").write_text(yaml.safe_dump(tol))
+        r = subprocess.run([kubectl, "--kubeconfig", kube_cluster.kubeconfig, "apply", "-f", str(tmp_path / "tol.yaml")],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0, r.stdout
+        assert "StatefulSet/bad-toleration-decode spec.template.spec.tolerations[0].value" in r.stderr, r.stderr
+        left = subprocess.run([kubectl, "--kubeconfig", kube_cluster.kubeconfig, "get", "statefulsets,services,deployments",
+                               "-n", namespace, "-l", "pdserving.io/service=bad-toleration", "-o", "name"],
+                              capture_output=True, text=True, timeout=30)
+        assert left.returncode == 0 and left.stdout.strip() == "", left
         r = subprocess.run([kubectl, "--kubeconfig", kube_cluster.kubeconfig, "apply", "-f", str(tmp_path / "good.yaml")],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr

@@ -79,6 +79,41 @@ def test_creating_a_service_reads_nothing_but_its_two_pools():
     assert sorted(kind for verb, kind in api.calls if verb == "apply-dry-run") == applied and len(applied) >= 10
 
 
+def test_the_cache_keeps_the_fingerprint_of_our_fields_not_the_field_sets():
+    from pd_operator.controller.reconcile import _our_fields
+
+    obj = {"kind": "Service", "metadata": {"namespace": NS, "name": "x", "resourceVersion": "5", "managedFields": [
+        {"manager": "pd-operator", "operation": "Apply", "time": "t1", "fieldsV1": {"f:spec": {"f:ports": {}}}},
+        {"manager": "kubectl-edit", "operation": "Update", "time": "t2", "fieldsV1": {"f:metadata": {"f:labels": {}}}}]}}
+    cache = Cache()
+    cache.put("Service", obj)
+    kept = cache.get("Service", NS, "x")
+    assert all("fieldsV1" not in e for e in kept["metadata"]["managedFields"])
+    assert [(e["manager"], e["time"]) for e in kept["metadata"]["managedFields"]] == [("pd-operator", "t1"), ("kubectl-edit", "t2")]
+    assert _our_fields(kept) == _our_fields(obj) is not None
+    # a hand edit moving one of our fields to another manager changes it
+    edited = copy.deepcopy(obj)
+    edited["metadata"]["managedFields"][0]["fieldsV1"] = {"f:spec": {}}
+    cache.put("Service", {**edited, "metadata": {**edited["metadata"], "resourceVersion": "6"}})
+    assert _our_fields(cache.get("Service", NS, "x")) != _our_fields(obj)
+
+
+def test_the_echo_of_our_own_write_queues_nothing(monkeypatch):
+    added = []
+    monkeypatch.setattr(handlers, "reconcile_service", lambda ns, name, settle=0.0: added.append(name))
+    handlers.CACHE.put(SERVICE_KIND, {"metadata": {"namespace": NS, "name": "echo"}})
+    written = {"kind": "Service", "metadata": {"namespace": NS, "name": "echo-router", "resourceVersion": "7",
+                                               "labels": {"pdserving.io/service": "echo"}}}
+    handlers.CACHE.put("Service", written)  # the write's response
+    handlers.on_child_event("Service", {"type": "MODIFIED", "object": written})
+    assert added == []
+    handlers.on_child_event("Service", {"type": "MODIFIED", "object": {
+        **written, "metadata": {**written["metadata"], "resourceVersion": "8"}}})  # someone else's write
+    handlers.on_child_event("Service", {"type": "DELETED", "object": written})
+    assert added == ["echo", "echo"]
+    handlers.forget_service(NS, "echo")
+
+
 def test_prune_reads_the_cache_and_deletes_what_the_spec_no_longer_renders():
     api, cache = FakeApi(), Cache()
     body = minimal()

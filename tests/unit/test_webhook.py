@@ -64,3 +64,25 @@ def test_served_over_tls_as_the_api_server_calls_it(cert):
         assert out["response"]["allowed"] is False and "spec.prefill.extraArgs" in out["response"]["status"]["message"]
     finally:
         server.shutdown()
+
+
+def test_what_the_api_server_refuses_of_the_children_is_refused_at_admission_and_nothing_written():
+    from pd_operator.controller.reconcile import REFUSALS
+    from tests.unit.fakeapi import FakeApi, toleration_exists_with_value
+
+    api = FakeApi(refuse=toleration_exists_with_value)
+    bad = minimal(decode={"tolerations": [{"key": "gpu", "operator": "Exists", "value": "yes"}]})
+    bad["metadata"] = {"name": "svc"}  # a create: no uid yet, the namespace in the request
+    out = review(admission(bad), api)["response"]
+    assert out["allowed"] is False, out
+    assert "StatefulSet/svc-decode spec.template.spec.tolerations[0].value" in out["status"]["message"]
+    assert "value must be empty when `operator` is 'Exists'" in out["status"]["message"]
+    assert {verb for verb, _ in api.calls} <= {"apply-dry-run", "get"} and api.objects == {}
+    # a spec whose children the API server takes is allowed, and still nothing is written
+    REFUSALS.forget("team-a", "svc")
+    good = minimal()
+    good["metadata"] = {"name": "svc"}
+    assert review(admission(good), api)["response"]["allowed"] is True
+    assert api.objects == {} and "apply" not in {verb for verb, _ in api.calls}
+    # without the operator's client (the spec checks only), the same bad spec passes
+    assert review(admission(bad))["response"]["allowed"] is True

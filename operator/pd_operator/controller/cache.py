@@ -10,6 +10,8 @@ no request at all (``reconcile.py`` writes only what differs).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +35,35 @@ def _rv(obj: dict) -> int | None:
         return None
 
 
+# Kept on a cached child instead of its managed fields' field sets (fieldsV1, as
+# large as the object itself): the fingerprint of the fields the operator's apply
+# owns (reconcile.Owned). In memory only; a cached object is never written back.
+OUR_FIELDS = "__pdOurFields"
+
+
+def fields_fingerprint(managed_fields: list[dict]) -> str | None:
+    """A fingerprint of the field sets the operator's main apply owns (None: it owns none)."""
+    entries = [e for e in managed_fields if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
+    if not entries:
+        return None
+    text = json.dumps({"fields": [e.get("fieldsV1") for e in entries]}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _compact(kind: str, obj: dict) -> dict:
+    """What the cache keeps of an object: pods without managed fields (nothing reads
+    them), the operator's children with their managers and times but not the field
+    sets, whose fingerprint is kept instead."""
+    meta = obj.get("metadata") or {}
+    managed = meta.get("managedFields")
+    if kind == POD_KIND:
+        return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    if kind == SERVICE_KIND or not managed:
+        return obj
+    return {**obj, OUR_FIELDS: fields_fingerprint(managed),
+            "metadata": {**meta, "managedFields": [{k: v for k, v in e.items() if k != "fieldsV1"} for e in managed]}}
+
+
 class Cache:
     """kind -> (namespace, name) -> object, fed by watch events and write responses."""
 
@@ -43,8 +74,7 @@ class Cache:
     def put(self, kind: str, obj: dict) -> None:
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
-        if kind == POD_KIND:  # the largest objects; nothing here reads their managed fields
-            obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        obj = _compact(kind, obj)
         with self._lock:
             table = self._objects.setdefault(kind, {})
             old = table.get(key)

@@ -8,8 +8,9 @@
   child that changed or went, queues a reconcile of that service in the one
   keyed work queue (``workqueue.py``: coalesced, per-key backoff); a pod
   event queues it after CHILD_SETTLE_SECONDS so a rollout's burst is one run;
-- one resync loop queues every cached service every RESYNC_SECONDS (the drift
-  and status backstop; it sends no request);
+- one resync loop queues every cached service every RESYNC_SECONDS (600 s: the
+  watches drive everything, this is the backstop; it sends no request); a
+  service missing a Secret (Secrets are not watched) is looked at every 10 s;
 - a deleted service is forgotten everywhere (queue, cache, locks, the
   autoscaler's memory, metric series).
 The handlers are ``on.event`` only: kopf writes nothing on the services (no
@@ -35,7 +36,8 @@ from .reconcile import LOCKS, OWNED, REFUSALS, reconcile
 from .workqueue import WorkQueue
 
 # Drift backstop; child events restore hand edits within seconds already.
-RESYNC_SECONDS = float(os.environ.get("PD_OPERATOR_RESYNC_SECONDS", "60"))
+RESYNC_SECONDS = float(os.environ.get("PD_OPERATOR_RESYNC_SECONDS", "600"))
+SECRET_RECHECK_SECONDS = 10.0
 CHILD_SETTLE_SECONDS = 0.5
 WARMUP_SECONDS = float(os.environ.get("PD_OPERATOR_WARMUP_SECONDS", "2"))
 WORKERS = int(os.environ.get("PD_OPERATOR_WORKERS", "4"))
@@ -66,7 +68,10 @@ def process(key: tuple[str, str]) -> None:
     namespace, name = key
     body = kube().get_service(namespace, name)
     if body is not None and not body["metadata"].get("deletionTimestamp"):
-        reconcile(kube(), body, post_event)
+        status = reconcile(kube(), body, post_event)
+        if any(c.get("reason") == "SecretNotFound" for c in status.get("conditions") or []):
+            # Secrets are not watched (no cluster-wide Secret reads): look again soon
+            QUEUE.add(key, delay=SECRET_RECHECK_SECONDS)
 
 
 QUEUE = WorkQueue(process, active=ACTIVE)
@@ -215,6 +220,9 @@ def on_child_event(kind: str, event: dict) -> None:
     if event.get("type") == "DELETED":
         CACHE.remove(kind, namespace, name)
     else:
+        old = CACHE.get(kind, namespace, name)
+        if old is not None and old["metadata"].get("resourceVersion") == meta.get("resourceVersion"):
+            return  # the echo of the operator's own write (its response is cached): nothing new
         CACHE.put(kind, obj)
     if service and CACHE.has(SERVICE_KIND, namespace, service):
         # pods: let a burst settle; a child edited or deleted by hand: restore it

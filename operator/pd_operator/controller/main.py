@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.webhook_port:
         from .webhook import serve as serve_webhook
 
-        serve_webhook(args.bind, args.webhook_port, args.webhook_cert, args.webhook_key)
+        serve_webhook(args.bind, args.webhook_port, args.webhook_cert, args.webhook_key, kube=handlers.kube)
     if args.liveness_port:
         # /healthz follows the operator's own loops (controller/health.py): 503
         # when the autoscaler or the resync stops making progress.

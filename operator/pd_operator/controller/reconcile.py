@@ -20,6 +20,7 @@ from ..render import render
 from ..render.common import child_name, selector_labels
 from ..render.pools import pool_kind
 from . import metrics
+from .cache import OUR_FIELDS, fields_fingerprint
 from .kube import AUTOSCALER_MANAGER, FIELD_MANAGER, REPLICAS_MANAGER, Kube, refusal
 from .status import Observed, compute_status
 
@@ -83,33 +84,28 @@ def reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             metrics.DURATION.labels(outcome).observe(time.monotonic() - started)
 
 
-def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
+Plan = list[tuple[dict, str | None, bool, int | None]]
+
+
+def plan_children(kube: Kube, body: dict) -> tuple[object, dict[str, int], Plan]:
+    """The service, its pools' current replicas, and what a reconcile would write:
+    (object to apply, pool role or None, stale, desired replicas of a pool) per child.
+    Raises SpecError for a spec the operator refuses."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    generation = meta.get("generation")
-    previous = body.get("status") or {}
-
-    try:
-        svc = validate_service(body)
-        svc.metadata.namespace = namespace
-        existing_pools = {role: kube.get(pool_kind(svc, role), namespace, child_name(svc, role)) for role in ("prefill", "decode")}
-        current = {role: ((pool or {}).get("spec") or {}).get("replicas") for role, pool in existing_pools.items()}
-        current = {k: v for k, v in current.items() if v is not None}
-        owner = {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": meta["uid"]}
-        objs = render(svc, owner=owner, current_replicas=current)
-    except SpecError as err:
-        if previous.get("observedGeneration") != generation:
-            event(body, "Warning", "InvalidSpec", str(err).replace("\n", " "))
-        status = compute_status(None, Observed({}, None, {}, spec_error=err.problems), generation, previous, now_rfc3339())
-        if _changed(previous, status):
-            kube.patch_status(namespace, name, status)
-        return status
+    svc = validate_service(body)
+    svc.metadata.namespace = namespace
+    existing_pools = {role: kube.get(pool_kind(svc, role), namespace, child_name(svc, role)) for role in ("prefill", "decode")}
+    current = {role: ((pool or {}).get("spec") or {}).get("replicas") for role, pool in existing_pools.items()}
+    current = {k: v for k, v in current.items() if v is not None}
+    owner = {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": meta["uid"]}
+    objs = render(svc, owner=owner, current_replicas=current)
 
     pools = {child_name(svc, role): role for role in ("prefill", "decode")}
     # What to write: a child whose rendering (its hash, kept in an annotation)
     # is already there and that nobody else wrote since is left alone, so an
     # idle reconcile sends no request.
-    plan = []  # (object to apply, pool role or None)
+    plan: Plan = []
     for obj in objs:
         role = pools.get(obj["metadata"]["name"]) if obj["kind"] in ("StatefulSet", "LeaderWorkerSet") else None
         # an existing pool's main apply leaves replicas to the replicas writer
@@ -118,19 +114,54 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         applied = with_hash(main)
         if role is not None and current.get(role) is None:
             applied = {**applied, "spec": obj["spec"]}
-        meta = applied["metadata"]
-        existing = existing_pools[role] if role is not None else kube.get(applied["kind"], meta["namespace"], meta["name"])
-        stale = not up_to_date(existing, meta["annotations"][HASH_ANNOTATION],
-                               OWNED.get(namespace, name, applied["kind"], meta["name"]))
+        m = applied["metadata"]
+        existing = existing_pools[role] if role is not None else kube.get(applied["kind"], m["namespace"], m["name"])
+        stale = not up_to_date(existing, m["annotations"][HASH_ANNOTATION], OWNED.get(namespace, name, applied["kind"], m["name"]))
         if not stale:
             OWNED.put(namespace, name, existing)
         plan.append((applied, role, stale, obj["spec"].get("replicas") if role else None))
+    return svc, current, plan
+
+
+def refused_children(kube: Kube, body: dict) -> list[tuple[str, str]] | None:
+    """What the API server refuses of the children ``body`` renders to, as
+    (child and field, message), by a dry-run of each (the admission webhook's check);
+    None when the dry-runs could not say (the API server unreachable, RBAC)."""
+    meta = body["metadata"]
+    _, _, plan = plan_children(kube, body)
+    refused, error = _dry_run(kube, meta["namespace"], meta["name"], [o for o, _, stale, _ in plan if stale])
+    if error:
+        return None
+    return _as_problems(refused)
+
+
+def _as_problems(refused: list[tuple[str, str, str, str]]) -> list[tuple[str, str]]:
+    """(kind, name, field path, message) -> ("Kind/name field.path", message)."""
+    return [(f"{kind}/{obj_name} {path}".rstrip(), msg) for kind, obj_name, path, msg in refused]
+
+
+def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    generation = meta.get("generation")
+    previous = body.get("status") or {}
+
+    try:
+        svc, current, plan = plan_children(kube, body)
+    except SpecError as err:
+        if previous.get("observedGeneration") != generation:
+            event(body, "Warning", "InvalidSpec", str(err).replace("\n", " "))
+        status = compute_status(None, Observed({}, None, {}, spec_error=err.problems), generation, previous, now_rfc3339())
+        if _changed(previous, status):
+            kube.patch_status(namespace, name, status)
+        return status
+    objs = [o for o, _, _, _ in plan]
 
     # All or nothing: the API server validates (and admits) every child that
     # would be written before any is, so a spec it refuses creates nothing.
     refused, apply_error = _dry_run(kube, namespace, name, [o for o, _, stale, _ in plan if stale])
     if refused:
-        problems = [(f"{kind}/{obj_name} {path}".rstrip(), msg) for kind, obj_name, path, msg in refused]
+        problems = _as_problems(refused)
         if previous.get("observedGeneration") != generation:
             event(body, "Warning", "InvalidSpec", "the API server refuses the rendered children (nothing was written): "
                   + "; ".join(f"{f}: {m}" for f, m in problems))
@@ -246,12 +277,11 @@ def _time(entry: dict) -> str:
 
 
 def _our_fields(existing: dict) -> str | None:
-    """A fingerprint of the fields the operator's apply owns in ``existing`` (None: it owns none)."""
-    entries = [e for e in ((existing.get("metadata") or {}).get("managedFields") or [])
-               if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
-    if not entries:
-        return None
-    return rendered_hash({"fields": [e.get("fieldsV1") for e in entries]})
+    """A fingerprint of the fields the operator's apply owns in ``existing`` (None: it owns none);
+    a cached object carries it (the cache keeps no field sets)."""
+    if OUR_FIELDS in existing:
+        return existing[OUR_FIELDS]
+    return fields_fingerprint((existing.get("metadata") or {}).get("managedFields") or [])
 
 
 class Owned:

@@ -1,7 +1,11 @@
 """A validating admission webhook: ``kubectl apply`` of a PDInferenceService
 gets the same answer ``pdctl validate`` gives (the spec model and its rules,
 then a render, which checks extraArgs against the pinned engine's and
-router's flag sets), at once, with the field path and the fix.
+router's flag sets), at once, with the field path and the fix; then, as the
+reconciler does before it writes anything, a server-side dry-run of every
+child the spec renders to, so what the API server would refuse of them (a
+toleration ``Exists`` with a value, a port above 65535, duplicate env names)
+is refused here too, with the child and its field.
 
 Served over HTTPS (the API server only calls webhooks over TLS) on a daemon
 thread by every replica (it keeps no state). The chart registers it with
@@ -23,13 +27,14 @@ log = logging.getLogger(__name__)
 PATH = "/validate"
 
 
-def review(admission_review: dict) -> dict:
-    """The AdmissionReview response for one AdmissionReview request."""
+def review(admission_review: dict, kube=None) -> dict:
+    """The AdmissionReview response for one AdmissionReview request (``kube``: the
+    operator's client, for the children's dry-run; None: the spec checks only)."""
     request = admission_review.get("request") or {}
     response: dict = {"uid": request.get("uid", ""), "allowed": True}
     obj = request.get("object")
     if request.get("operation") in ("CREATE", "UPDATE") and obj:
-        problem = check(obj, request.get("namespace"))
+        problem = check(obj, request.get("namespace"), kube)
         if problem:
             response = {**response, "allowed": False,
                         "status": {"code": 422, "reason": "Invalid", "message": problem}}
@@ -37,8 +42,9 @@ def review(admission_review: dict) -> dict:
             "response": response}
 
 
-def check(obj: dict, namespace: str | None = None) -> str | None:
-    """Why ``obj`` is refused (None: it is not), as ``pdctl validate`` says it."""
+def check(obj: dict, namespace: str | None = None, kube=None) -> str | None:
+    """Why ``obj`` is refused (None: it is not), as ``pdctl validate`` says it, then
+    as the API server would refuse its children (with ``kube``)."""
     from ..render import render
 
     if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -50,7 +56,23 @@ def check(obj: dict, namespace: str | None = None) -> str | None:
         render(svc)
     except SpecError as err:
         return str(err)
-    return None
+    if kube is None:
+        return None
+    from .reconcile import refused_children
+
+    meta = obj.get("metadata") or {}
+    # a create is admitted before it has a uid: the children's owner reference needs one
+    body = {**obj, "metadata": {**meta, "namespace": meta.get("namespace") or namespace,
+                                "uid": meta.get("uid") or "00000000-0000-0000-0000-000000000000"}}
+    try:
+        refused = refused_children(kube, body)
+    except Exception as err:  # noqa: BLE001 - the dry-run could not say: the reconciler will
+        log.warning("webhook: dry-run of the children failed: %s", err)
+        return None
+    if not refused:
+        return None
+    return ("the API server refuses the children this spec renders to (nothing was written): "
+            + "; ".join(f"{field}: {message}" for field, message in refused))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -61,7 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
-            out = json.dumps(review(body)).encode()
+            out = json.dumps(review(body, self.server.kube() if self.server.kube else None)).encode()
         except Exception as err:  # noqa: BLE001 - a bad request is the caller's; answer, never crash
             log.warning("webhook: bad AdmissionReview: %s", err)
             self.send_error(400, str(err)[:200])
@@ -76,9 +98,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(host: str, port: int, certfile: str, keyfile: str) -> ThreadingHTTPServer:
-    """Serve the webhook over TLS on a daemon thread; returns the server (``.shutdown()`` stops it)."""
+def serve(host: str, port: int, certfile: str, keyfile: str, kube=None) -> ThreadingHTTPServer:
+    """Serve the webhook over TLS on a daemon thread; returns the server (``.shutdown()`` stops it).
+    ``kube``: a function giving the operator's client, for the children's dry-run."""
     server = ThreadingHTTPServer((host, port), _Handler)
+    server.kube = kube
     server.daemon_threads = True
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2

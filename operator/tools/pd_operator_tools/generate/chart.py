@@ -209,8 +209,9 @@ class Values(_M):
         description="Namespaces to serve, e.g. [team-a, team-b]: the operator writes only there (a Role in "
                     "each). Empty: all (rbac.scope cluster, with cluster-wide writes) or the release namespace "
                     "(rbac.scope namespace).")
-    resync_seconds: int = Field(60, ge=5, alias="resyncSeconds",
-                                description="Drift and status backstop period (child events act within seconds).")
+    resync_seconds: int = Field(600, ge=5, alias="resyncSeconds",
+                                description="Drift and status backstop period (child events act within seconds; "
+                                            "a service missing a Secret is looked at every 10 s).")
     verbose: bool = Field(False, description="Debug logging.")
     rbac: Rbac = Field(default_factory=Rbac, description="RBAC settings.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="Autoscaler settings.")
