@@ -105,7 +105,7 @@ def test_kubectl_apply_of_an_unknown_flag_fails_at_once_with_the_field(kube_clus
         r = subprocess.run([kubectl, "--kubeconfig", kube_cluster.kubeconfig, "apply", "-f", str(tmp_path / "tol.yaml")],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode != 0, r.stdout
-        assert "StatefulSet/bad-toleration-decode spec.template.spec.tolerations[0].value" in r.stderr, r.stderr
+        assert "StatefulSet/bad-toleration-decode spec.template.spec.tolerations[0].operator" in r.stderr, r.stderr
         left = subprocess.run([kubectl, "--kubeconfig", kube_cluster.kubeconfig, "get", "statefulsets,services,deployments",
                                "-n", namespace, "-l", "pdserving.io/service=bad-toleration", "-o", "name"],
                               capture_output=True, text=True, timeout=30)

@@ -48,9 +48,10 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str]]) -> ApiException
 
 
 def toleration_exists_with_value(obj: dict) -> list[tuple[str, str]]:
-    """What the API server's pod template validation says of a toleration Exists with a value."""
+    """What the API server's pod template validation says of a toleration Exists with a value
+    (kube-apiserver 1.37 names the operator field; seen on the local cluster, test_webhook.py)."""
     tols = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("tolerations") or []
-    return [(f"spec.template.spec.tolerations[{i}].value", f'Invalid value: "{t["value"]}": '
+    return [(f"spec.template.spec.tolerations[{i}].operator", f'Invalid value: "{t["value"]}": '
              "value must be empty when `operator` is 'Exists'")
             for i, t in enumerate(tols) if t.get("operator") == "Exists" and t.get("value")]
 

@@ -44,7 +44,7 @@ def test_a_child_the_api_server_refuses_means_nothing_is_created():
     ready = api.services[(NS, "svc")]["status"]["conditions"][0]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
     # the object and the field path the API server named, and its words
-    assert "StatefulSet/svc-decode spec.template.spec.tolerations[0].value" in ready["message"]
+    assert "StatefulSet/svc-decode spec.template.spec.tolerations[0].operator" in ready["message"]
     assert "value must be empty when `operator` is 'Exists'" in ready["message"]
 
 

@@ -75,7 +75,7 @@ def test_what_the_api_server_refuses_of_the_children_is_refused_at_admission_and
     bad["metadata"] = {"name": "svc"}  # a create: no uid yet, the namespace in the request
     out = review(admission(bad), api)["response"]
     assert out["allowed"] is False, out
-    assert "StatefulSet/svc-decode spec.template.spec.tolerations[0].value" in out["status"]["message"]
+    assert "StatefulSet/svc-decode spec.template.spec.tolerations[0].operator" in out["status"]["message"]
     assert "value must be empty when `operator` is 'Exists'" in out["status"]["message"]
     assert {verb for verb, _ in api.calls} <= {"apply-dry-run", "get"} and api.objects == {}
     # a spec whose children the API server takes is allowed, and still nothing is written
