@@ -187,3 +187,44 @@ def test_the_autoscalers_part_of_status_does_not_make_the_reconciler_write_statu
     run(api)
     # before: every reconcile of an autoscaled service wrote status again
     assert [c for c in api.calls if c[0] == "patch_status"] == []
+
+
+def test_a_verdict_carries_over_to_a_service_of_the_same_spec_in_the_namespace_only(monkeypatch):
+    from pd_operator.controller.reconcile import ACCEPTED
+
+    now = [1000.0]
+    monkeypatch.setattr(ACCEPTED, "clock", lambda: now[0])
+    api = FakeApi(refuse=toleration_exists_with_value)
+
+    def dry_runs():
+        return [c for c in api.calls if c[0] == "apply-dry-run"]
+
+    add_service(api, "a")
+    run(api, "a")
+    first = len(dry_runs())
+    assert first >= 10
+    # the same spec under another name: every child is written, none sent to dry-run again
+    api.calls.clear()
+    add_service(api, "b")
+    run(api, "b")
+    assert dry_runs() == [] and len([c for c in api.calls if c[0] == "apply"]) >= 10
+    assert ("Deployment", NS, "b-router") in api.objects
+    # another spec (a bad toleration on decode): its decode StatefulSet is dry-run, and refused
+    api.calls.clear()
+    add_service(api, "c", decode=BAD_TOLERATION)
+    run(api, "c")
+    assert ("apply-dry-run", "StatefulSet") in dry_runs()
+    assert not [k for k in api.objects if k[2].startswith("c-")]
+    # the same spec in another namespace (its own admission, quotas, policies): dry-run
+    api.calls.clear()
+    other = minimal()
+    other["metadata"] = {"namespace": "ns2", "name": "a", "uid": "uid-ns2-a", "generation": 1}
+    api.services[("ns2", "a")] = other
+    reconcile(api, api.get_service("ns2", "a"), lambda *a: None)
+    assert len(dry_runs()) == first
+    # after the TTL the verdicts are asked for again
+    now[0] += ACCEPTED.TTL_SECONDS + 1
+    api.calls.clear()
+    add_service(api, "d")
+    run(api, "d")
+    assert len(dry_runs()) == first

@@ -128,8 +128,9 @@ def refused_children(kube: Kube, body: dict) -> list[tuple[str, str]] | None:
     (child and field, message), by a dry-run of each (the admission webhook's check);
     None when the dry-runs could not say (the API server unreachable, RBAC)."""
     meta = body["metadata"]
-    _, _, plan = plan_children(kube, body)
-    refused, error = _dry_run(kube, meta["namespace"], meta["name"], [o for o, _, stale, _ in plan if stale])
+    svc, current, plan = plan_children(kube, body)
+    refused, error = _dry_run(kube, meta["namespace"], meta["name"], [o for o, _, stale, _ in plan if stale],
+                              verdict_keys(svc, current, plan))
     if error:
         return None
     return _as_problems(refused)
@@ -159,7 +160,8 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
 
     # All or nothing: the API server validates (and admits) every child that
     # would be written before any is, so a spec it refuses creates nothing.
-    refused, apply_error = _dry_run(kube, namespace, name, [o for o, _, stale, _ in plan if stale])
+    refused, apply_error = _dry_run(kube, namespace, name, [o for o, _, stale, _ in plan if stale],
+                                    verdict_keys(svc, current, plan))
     if refused:
         problems = _as_problems(refused)
         if previous.get("observedGeneration") != generation:
@@ -384,6 +386,71 @@ class Refusals:
 REFUSALS = Refusals()
 
 
+class Accepted:
+    """Dry-run verdicts that carry over. A child the API server accepted is
+    accepted again for another service of the same spec in the same namespace:
+    the two differ only in what the service's name contributes (child names,
+    labels, DNS names in arguments), and the CRD bounds the name (a DNS label of
+    at most 40 characters) so that every such field stays valid. Kept for
+    TTL_SECONDS (what admission allows can change); a later apply that fails
+    anyway is reported as ApplyFailed with the object and field."""
+
+    TTL_SECONDS = 300.0
+    MAX_ENTRIES = 50_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._guard = threading.Lock()
+        self._seen: dict[tuple[str, str], float] = {}  # (namespace, key) -> when accepted
+
+    def has(self, namespace: str, key: str) -> bool:
+        with self._guard:
+            at = self._seen.get((namespace, key))
+        return at is not None and self.clock() - at < self.TTL_SECONDS
+
+    def put(self, namespace: str, key: str) -> None:
+        now = self.clock()
+        with self._guard:
+            if len(self._seen) >= self.MAX_ENTRIES:
+                self._seen = {k: t for k, t in self._seen.items() if now - t < self.TTL_SECONDS}
+                if len(self._seen) >= self.MAX_ENTRIES:
+                    self._seen.clear()
+            self._seen[(namespace, key)] = now
+
+    def clear(self) -> None:
+        with self._guard:
+            self._seen.clear()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+ACCEPTED = Accepted()
+# The name a service's spec is rendered under to key the verdicts (40 characters: the longest allowed).
+CANONICAL_NAME = "pd" + "x" * 38
+CANONICAL_UID = "00000000-0000-0000-0000-00000000cafe"
+
+
+def verdict_keys(svc, current: dict[str, int], plan: "Plan") -> dict[tuple[str, str], str]:
+    """(kind, name) of each child about to be written -> the key its dry-run verdict is
+    kept under: the child as rendered for the same spec under CANONICAL_NAME."""
+    if not any(stale for _, _, stale, _ in plan):
+        return {}
+    canon = svc.model_copy(deep=True)
+    canon.metadata.name = CANONICAL_NAME
+    objs = render(canon, owner={"apiVersion": API_VERSION, "kind": KIND, "name": CANONICAL_NAME, "uid": CANONICAL_UID},
+                  current_replicas=current)
+    if [o["kind"] for o in objs] != [o["kind"] for o, _, _, _ in plan]:
+        return {}
+    keys = {}
+    for (obj, role, stale, _), c in zip(plan, objs):
+        if stale:
+            with_replicas = role is None or "replicas" in obj["spec"]
+            form = c if with_replicas else {**c, "spec": {k: v for k, v in c["spec"].items() if k != "replicas"}}
+            keys[(obj["kind"], obj["metadata"]["name"])] = f"{obj['kind']}:{rendered_hash(form)}"
+    return keys
+
+
 _DRY_RUNS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dry-run")
 
 
@@ -395,8 +462,10 @@ def _dry_run_one(kube: Kube, obj: dict) -> ApiException | None:
     return None
 
 
-def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict]) -> tuple[list[tuple[str, str, str, str]], str | None]:
-    """Server-side dry-run of every object about to be written.
+def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict],
+             keys: dict[tuple[str, str], str] | None = None) -> tuple[list[tuple[str, str, str, str]], str | None]:
+    """Server-side dry-run of every object about to be written (``keys``: verdict
+    keys, see ``Accepted``; a child accepted under its key is not sent again).
 
     Returns (refusals as (kind, name, field path, message), another failure):
     a 400/422 is the spec's fault and is reported as such; anything else (the
@@ -407,11 +476,16 @@ def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict]) -> tuple[l
     known = REFUSALS.get((namespace, name), hashes)
     if known is not None:
         return known, None
+    keys = keys or {}
+    key_of = [keys.get((o["kind"], o["metadata"]["name"])) for o in objs]
+    todo = [(o, k) for o, k in zip(objs, key_of) if k is None or not ACCEPTED.has(namespace, k)]
     refused: list[tuple[str, str, str, str]] = []
     # the dry-runs write nothing and do not depend on each other: sent at once
-    errors = list(_DRY_RUNS.map(lambda o: _dry_run_one(kube, o), objs))
-    for obj, err in zip(objs, errors):
+    errors = list(_DRY_RUNS.map(lambda o: _dry_run_one(kube, o), [o for o, _ in todo]))
+    for (obj, key), err in zip(todo, errors):
         kind, obj_name = obj["kind"], obj["metadata"]["name"]
+        if err is None and key is not None:
+            ACCEPTED.put(namespace, key)
         if err is not None:
             if kind == "RoleBinding" and err.status == 404:
                 continue  # its Role is created in the same apply; a RoleBinding has no fields to refuse

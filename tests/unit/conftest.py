@@ -1,0 +1,15 @@
+"""Unit tests share the operator's module-level state: what one test's fake API
+server accepted must not carry over to another's."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_operator.controller.reconcile import ACCEPTED
+
+
+@pytest.fixture(autouse=True)
+def fresh_dry_run_verdicts():
+    ACCEPTED.clear()
+    yield
+    ACCEPTED.clear()
