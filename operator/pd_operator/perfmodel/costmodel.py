@@ -35,6 +35,32 @@ about 4.0 ms instead of 5.81 ms fixed and 39 ns instead of 60.75 ns per cached
 token (cuDNN attention reached ~80% of HBM bandwidth on the same shapes).
 ``Efficiency.pytorch()`` reproduces the measured points; ``Efficiency.fused()``
 is the default for simulated engines.
+
+Mixture-of-experts shapes (DeepSeek-V3; NOT measured here: first order, checked
+against published figures, ``calibration/README.md`` "MoE"):
+
+* memory counts every parameter (``params``, at ``dtype_bytes``: FP8 = 1);
+* compute counts the parameters one token activates (``active_params``): the
+  prefill linear term and, in decode, a per-token GEMM term
+  (``prefill_ms_per_token`` x active/calibrated params per sequence of the
+  rank's batch: a 37B-active decode batch of 256 is GEMM-bound, not
+  weight-bound);
+* MLA KV cache per token = layers x (kv_lora_rank + qk_rope_head_dim) x KV
+  dtype bytes, one latent shared by all heads: not split by attention TP, so
+  sequences are spread over attention-DP ranks instead (``dp``); decode
+  attention over the latent is charged by FLOPs (all heads read the same
+  latent: ~240 FLOP per byte, compute-bound), at the calibration's attention
+  rate;
+* weights streamed per decode step per GPU = the non-expert part
+  (attention, dense layers, shared experts, embeddings) / attention TP
+  (``tp // dp``: 1 with full DP attention) + routed experts / the GPUs they are
+  spread over (EP: ``tp``; SGLang ep_size x moe_tp = tp);
+* expert parallelism costs one DeepEP dispatch per MoE layer per decode step
+  (``ep_dispatch_ms_per_layer``, published), not overlapped;
+* the engine's batch is spread over the ``dp`` attention ranks (balanced).
+
+Dense shapes (``expert_params == 0``, ``dp == 1``) take none of these terms:
+their results are unchanged.
 """
 
 from __future__ import annotations
@@ -66,19 +92,53 @@ class ModelShape:
     head_dim: int
     dtype_bytes: int = 2
     max_model_len: int = 40960
+    # --- mixture of experts (0 / None: a dense model) ---
+    active_params: float | None = None  # parameters one token runs through (compute); None: params
+    expert_params: float = 0.0  # routed-expert parameters (spread over the EP group)
+    moe_layers: int = 0  # layers with routed experts (one EP dispatch each per step)
+    # --- multi-head latent attention (0: K/V heads as above) ---
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    kv_dtype_bytes: int | None = None  # KV-cache element size; None: dtype_bytes
+
+    @property
+    def moe(self) -> bool:
+        return self.expert_params > 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def compute_params(self) -> float:
+        return self.params if self.active_params is None else self.active_params
 
     @property
     def weight_bytes(self) -> float:
         return self.params * self.dtype_bytes
 
     @property
+    def expert_bytes(self) -> float:
+        return self.expert_params * self.dtype_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
+        kv_dtype = self.kv_dtype_bytes or self.dtype_bytes
+        if self.mla:
+            # one compressed latent (kv_lora_rank) + the shared RoPE key per layer
+            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype
         # K and V, every layer, every KV head
-        return self.layers * self.n_kv * self.head_dim * 2 * self.dtype_bytes
+        return self.layers * self.n_kv * self.head_dim * 2 * kv_dtype
 
     @property
     def attn_width(self) -> int:
         return self.layers * self.n_q * self.head_dim
+
+    @property
+    def mla_decode_width(self) -> int:
+        """Per cached token: layers x heads x (QK over latent+rope, PV over latent) dims
+        (absorbed MLA decode); comparable to 2 x ``attn_width`` of a dense shape."""
+        return self.layers * self.n_q * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
 
 
 # The calibrated shape (measured: 8.19 B params streamed as 15.14 GB, 147456 B KV/token).
@@ -100,6 +160,25 @@ MODELS: dict[str, ModelShape] = {
 for _base in ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"):
     MODELS[_base] = replace(MODELS[_base + "-Instruct"], name=_base)
 MODELS["Qwen/Qwen3-8B-FP8"] = replace(CALIBRATED, name="Qwen/Qwen3-8B-FP8")  # not scaled for FP8: same as bf16
+
+# DeepSeek-V3 (MoE + MLA), from its config.json: hidden_size 7168, num_hidden_layers 61
+# (first_k_dense_replace 3: 58 MoE layers), num_attention_heads 128, qk_nope_head_dim 128,
+# qk_rope_head_dim 64, v_head_dim 128, kv_lora_rank 512, n_routed_experts 256 of
+# moe_intermediate_size 2048 (gate/up/down: 3 x 7168 x 2048 each), num_experts_per_tok 8,
+# n_shared_experts 1, max_position_embeddings 163840; 671B parameters in total, 37B active
+# per token (DeepSeek-V3 technical report); weights FP8 (1 byte), KV cache bf16 (SGLang's
+# --kv-cache-dtype auto: the activation dtype).
+# Routed experts: 58 x 256 x 3 x 7168 x 2048 = 653.9B; everything else (attention,
+# 3 dense layers, shared experts, embeddings) ~17B, the part every DP-attention GPU holds.
+# head_dim 160: mean of the prefill (MHA form) QK dim 192 and V dim 128.
+_DSV3_EXPERTS = 58 * 256 * 3 * 7168 * 2048
+DEEPSEEK_V3 = ModelShape("deepseek-ai/DeepSeek-V3", params=671e9, layers=61, hidden=7168, n_q=128, n_kv=128,
+                         head_dim=160, dtype_bytes=1, max_model_len=163840,
+                         active_params=37e9, expert_params=_DSV3_EXPERTS, moe_layers=58,
+                         kv_lora_rank=512, qk_rope_head_dim=64, kv_dtype_bytes=2)
+MODELS[DEEPSEEK_V3.name] = DEEPSEEK_V3
+for _name in ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1-0528"):
+    MODELS[_name] = replace(DEEPSEEK_V3, name=_name)  # the same architecture and config figures
 
 
 def shape_for(model: str) -> ModelShape:
@@ -124,6 +203,11 @@ class Efficiency:
     prefill_fixed_ms: float = 3.20
     prefill_ms_per_token: float = 0.0270
     prefill_ms_per_token2: float = 8.44e-7
+    # NOT measured here: one DeepEP low-latency dispatch per MoE layer per decode step,
+    # ~0.17 ms on H100 in both DeepSeek's profile and SGLang's (LMSYS blog "Deploying
+    # DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on 96 H100 GPUs",
+    # May 2025, "Dispatch Optimization Potential"); only MoE shapes with EP pay it.
+    ep_dispatch_ms_per_layer: float = 0.17
 
     @classmethod
     def pytorch(cls) -> "Efficiency":
@@ -173,37 +257,92 @@ H200_USABLE_BYTES = 900_886 * 147_456 + CALIBRATED.weight_bytes
 
 @dataclass(frozen=True)
 class CostModel:
+    """Step costs of one engine replica.
+
+    ``tp``: the engine's tensor-parallel size (SGLang ``--tp-size``: every GPU of
+    the replica). ``dp``: attention data-parallel ranks inside it (SGLang
+    ``--attn-dp-size``; attention TP = tp / dp): the batch is spread over them.
+    ``ep``: expert parallelism on (>1) for an MoE shape. ``hbm_ratio``: HBM
+    bandwidth relative to the calibration GPU's (H200 1.0; H100 SXM 3.35/4.8):
+    weight and KV reads scale with it, FLOPs do not (same Hopper compute).
+    """
+
     shape: ModelShape = CALIBRATED
     tp: int = 1
     eff: Efficiency = field(default_factory=Efficiency)
     gpu_usable_bytes: float = H200_USABLE_BYTES
+    dp: int = 1
+    ep: int = 1
+    hbm_ratio: float = 1.0
+
+    # ---- layout ---------------------------------------------------------
+    @property
+    def attn_tp(self) -> int:
+        return max(1, self.tp // max(1, self.dp))
+
+    def weight_bytes_per_gpu(self) -> float:
+        """Weights each GPU holds and streams per decode step."""
+        s = self.shape
+        if not s.moe and self.dp == 1:
+            return s.weight_bytes / self.tp
+        dense = s.weight_bytes - s.expert_bytes
+        # experts: spread over the EP group (SGLang ep_size x moe_tp = tp) or TP-sharded: tp either way
+        return dense / self.attn_tp + s.expert_bytes / self.tp
 
     # ---- scale factors --------------------------------------------------
     @property
     def _w(self) -> float:
-        return self.shape.weight_bytes / CALIBRATED.weight_bytes / self.tp
+        if not self.shape.moe and self.dp == 1:
+            return self.shape.weight_bytes / CALIBRATED.weight_bytes / self.tp / self.hbm_ratio
+        return self.weight_bytes_per_gpu() / CALIBRATED.weight_bytes / self.hbm_ratio
 
     @property
     def _kv(self) -> float:
-        return self.shape.kv_bytes_per_token / CALIBRATED.kv_bytes_per_token / self.tp
+        if self.shape.mla:
+            # the latent is not split by attention TP; charged by FLOPs (compute-bound) or
+            # bytes, whichever is slower; per attention rank (the batch is spread over dp)
+            flops = self.shape.mla_decode_width / (2 * CALIBRATED.attn_width)
+            nbytes = self.shape.kv_bytes_per_token / CALIBRATED.kv_bytes_per_token / self.hbm_ratio
+            return max(flops * self._attn_rate, nbytes) / self.dp
+        return self.shape.kv_bytes_per_token / CALIBRATED.kv_bytes_per_token / self.tp / self.hbm_ratio
+
+    @property
+    def _attn_rate(self) -> float:
+        """Decode attention FLOPs, in cached-token reads of the calibrated shape: the
+        calibrated prefill's attention rate (c_p per T^2) over its decode KV cost per token."""
+        return self.eff.prefill_ms_per_token2 * 2 / self.eff.decode_kv_ms_per_token
 
     @property
     def _flops(self) -> float:
+        if self.shape.moe or self.dp > 1:
+            return self.shape.compute_params / CALIBRATED.params / self.attn_tp / self.dp
         return self.shape.params / CALIBRATED.params / self.tp
 
     @property
     def _attn(self) -> float:
+        if self.shape.moe or self.dp > 1:
+            return self.shape.attn_width / CALIBRATED.attn_width / self.attn_tp / self.dp
         return self.shape.attn_width / CALIBRATED.attn_width / self.tp
+
+    def _per_seq_ms(self, batch: float) -> float:
+        if self.shape.moe:
+            # every token of the rank's batch runs the active parameters' GEMMs
+            per_token = self.eff.prefill_ms_per_token * self.shape.compute_params / CALIBRATED.params / self.attn_tp
+            return max(self.eff.decode_per_seq_ms, per_token) * batch / self.dp
+        return self.eff.decode_per_seq_ms * batch / self.dp
+
+    def _ep_ms(self) -> float:
+        return self.eff.ep_dispatch_ms_per_layer * self.shape.moe_layers if (self.shape.moe and self.ep > 1) else 0.0
 
     # ---- step costs (ms) ------------------------------------------------
     def decode_fixed_ms(self) -> float:
-        return self.eff.decode_fixed_ms * self._w
+        return self.eff.decode_fixed_ms * self._w + self._ep_ms()
 
     def decode_ms(self, batch: int, ctx_sum_plus: float) -> float:
         """One decode step of ``batch`` sequences; ``ctx_sum_plus`` = sum(ctx_i + 1)."""
         if batch <= 0:
             return 0.0
-        return (self.decode_fixed_ms() + self.eff.decode_per_seq_ms * batch
+        return (self.decode_fixed_ms() + self._per_seq_ms(batch)
                 + self.eff.decode_kv_ms_per_token * self._kv * ctx_sum_plus)
 
     def decode_uniform_ms(self, batch: int, ctx: int) -> float:
@@ -213,7 +352,9 @@ class CostModel:
         return self.eff.prefill_fixed_ms * self._w
 
     def prefill_chunk_ms(self, done: int, n: int) -> float:
-        """Token terms of computing ``n`` prompt tokens after ``done`` cached ones (no fixed cost)."""
+        """Token terms of computing ``n`` prompt tokens after ``done`` cached ones (no fixed cost).
+        With attention DP the tokens of a step are spread over the ``dp`` ranks (throughput;
+        one lone prompt is not split in an engine, so its latency is optimistic here)."""
         return (self.eff.prefill_ms_per_token * self._flops * n
                 + self.eff.prefill_ms_per_token2 * self._attn * ((done + n) ** 2 - done ** 2))
 
@@ -240,9 +381,18 @@ class CostModel:
 
     def kv_capacity_tokens(self, mem_fraction: float = 1.0) -> int:
         """KV tokens that fit on the TP group after the weights (~900k for the 8B shape, TP 1)."""
+        if self.shape.mla or self.shape.moe or self.dp > 1:
+            # per attention rank: its GPUs' memory after their weights; an MLA latent is
+            # replicated over the rank's attention TP, so the rank holds one copy per GPU
+            free_gpu = self.gpu_usable_bytes * mem_fraction - self.weight_bytes_per_gpu()
+            per_rank = free_gpu * (1 if self.shape.mla else self.attn_tp)
+            return max(0, int(self.dp * per_rank // self.shape.kv_bytes_per_token))
         free = self.tp * self.gpu_usable_bytes * mem_fraction - self.shape.weight_bytes
         return max(0, int(free // self.shape.kv_bytes_per_token))
 
     def transfer_ms(self, tokens: int, link: Link) -> float:
-        """KV of ``tokens`` moved prefill -> decode (all TP ranks in parallel)."""
+        """KV of ``tokens`` moved prefill -> decode (all TP ranks in parallel; an MLA
+        latent lives whole on one attention rank: one rank's link carries it)."""
+        if self.shape.mla:
+            return link.transfer_ms(self.kv_bytes(tokens))
         return link.transfer_ms(self.kv_bytes(tokens) / self.tp)

@@ -135,6 +135,10 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         served = list(ns.served_model_name or [model])
         host, port = ns.host or "0.0.0.0", ns.port or 8000
         tp = ns.tensor_parallel_size or 1
+        # data parallelism: DP ranks of TP each; with --enable-expert-parallel the experts
+        # are spread over all tp x dp GPUs (SimConfig.cost)
+        dp = ns.data_parallel_size or 1
+        ep = tp * dp if getattr(ns, "enable_expert_parallel", False) else 1
         kvt = ns.kv_transfer_config or {}
         kv_role = kvt.get("kv_role") if isinstance(kvt, dict) else None
         role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(kv_role, "unified")
@@ -153,6 +157,9 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         served = [ns.served_model_name or model]
         host, port = ns.host or "127.0.0.1", ns.port or 30000
         tp = ns.tp_size or 1
+        # attention DP inside the TP group (0.5.23 --attn-dp-size; deprecated --dp-size N --enable-dp-attention)
+        dp = (ns.attn_dp_size or 1) if (ns.attn_dp_size or 1) > 1 else ((ns.dp_size or 1) if ns.enable_dp_attention else 1)
+        ep = ns.ep_size or 1
         mode = ns.disaggregation_mode or "null"
         role = {"prefill": "prefill", "decode": "decode"}.get(mode, "unified")
         keys = [ns.api_key] if ns.api_key else []
@@ -177,7 +184,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
                     opts.kv_fixed_ms if opts.kv_fixed_ms is not None else link.fixed_ms)
     return SimConfig(
         flavor=flavor, model=model, served_names=served, shape=shape,
-        host=opts.bind or host, port=opts.bind_port or port, role=role, tp=tp,
+        host=opts.bind or host, port=opts.bind_port or port, role=role, tp=tp, dp=dp, ep=ep,
         max_num_seqs=max_seqs, max_batched_tokens=max_tokens,
         max_model_len=max_len or shape.max_model_len,
         # the calibration's capacity is at full memory; vLLM's default 0.92 is ~ that

@@ -94,6 +94,8 @@ class SimConfig:
     port: int = 8000
     role: str = "unified"  # unified | prefill | decode
     tp: int = 1
+    dp: int = 1  # attention data-parallel ranks of the replica (cost model: the batch is spread over them)
+    ep: int = 1  # expert-parallel size (an MoE shape pays one EP dispatch per MoE layer per step)
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
     max_model_len: int = 40960
@@ -130,7 +132,10 @@ class SimConfig:
         return self.served_names[0] if self.served_names else self.model
 
     def cost(self) -> CostModel:
-        return CostModel(self.shape, self.tp, self.efficiency)
+        # the cost model's tp counts every GPU of the replica: SGLang's --tp-size does
+        # (attention DP splits it); vLLM's DP ranks each have --tensor-parallel-size GPUs
+        gpus = self.tp * self.dp if self.flavor == "vllm" else self.tp
+        return CostModel(self.shape, gpus, self.efficiency, dp=self.dp, ep=self.ep)
 
 
 ABORTED = object()  # put on a request's token queue when the engine aborts it
