@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,10 +55,13 @@ from tests.conftest import load_e2e_module  # noqa: E402
 GROUP, VERSION, PLURAL = "pdserving.io", "v1alpha1", "pdinferenceservices"
 
 
-def body(name: str, namespace: str) -> dict:
+def body(name: str, namespace: str, served: str | None = None) -> dict:
+    """A small service; ``served``: its served model name (``--distinct``: one per service,
+    so no two services' pools, router or their Services render alike)."""
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PDInferenceService",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"model": {"name": "Qwen/Qwen3-8B"}, "engine": {"kind": "vllm"},
+            "spec": {"model": {"name": "Qwen/Qwen3-8B", **({"servedName": served} if served else {})},
+                     "engine": {"kind": "vllm"},
                      "router": {"image": "registry.example.com/pd/router:bench"},
                      "prefill": {"replicas": 0}, "decode": {"replicas": 0}}}
 
@@ -190,7 +194,7 @@ class Children:
         return time.monotonic() - started
 
 
-def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Path) -> dict:
+def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Path, distinct: bool = False) -> dict:
     ns = f"bench-{n}-{uuid.uuid4().hex[:5]}"
     raw_ns = f"{ns}-raw"
     for name in (ns, raw_ns):
@@ -204,7 +208,7 @@ def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Pat
     try:
         time.sleep(4)
         want = 13 * n
-        docs = [body(f"s{i}", ns) for i in range(n)]
+        docs = [body(f"s{i}", ns, f"model-{i}" if distinct else None) for i in range(n)]
         c0, r0, started = {**cpu_seconds(), "operator": proc_stats(op.pid)[1]}, own_requests(port), time.monotonic()
         kubectl(kc, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
         children.wait(ns, want)
@@ -213,7 +217,7 @@ def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Pat
         create_requests = delta(own_requests(port), r0)
         # the same children, rendered and applied raw
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-            f.write(yaml.safe_dump_all([body(f"s{i}", raw_ns) for i in range(n)]))
+            f.write(yaml.safe_dump_all([body(f"s{i}", raw_ns, f"model-{i}" if distinct else None) for i in range(n)]))
             f.flush()
             rendered = subprocess.run([str(Path(sys.executable).parent / "pdctl"), "render", "-f", f.name],
                                       capture_output=True, text=True, check=True, cwd=ROOT).stdout
@@ -245,7 +249,7 @@ def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Pat
                 time.sleep(0.05)
             lat.append(time.monotonic() - started)
         lat.sort()
-        return {"services": n, "create_to_children_s": round(create_s, 2), "raw_apply_s": round(raw_s, 2),
+        return {"services": n, "distinct_specs": distinct, "create_to_children_s": round(create_s, 2), "raw_apply_s": round(raw_s, 2),
                 "create_vs_raw": round(create_s / raw_s, 2) if raw_s else None,
                 "create_cpu_s": create_cpu, "raw_cpu_s": raw_cpu, "create_requests_by_verb": create_requests,
                 "idle_requests_per_s": round(rate, 4), "idle_requests_per_s_per_service": round(rate / n, 5),
@@ -269,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--services", default="10,100", help="comma-separated N")
     p.add_argument("--idle", type=float, default=60.0, help="seconds of steady state measured")
     p.add_argument("--edits", type=int, default=20, help="spec edits timed per N")
+    p.add_argument("--distinct", action="store_true",
+                   help="every service its own served model name (no dry-run verdict carries over between them)")
     args = p.parse_args(argv)
+    # stopped with SIGTERM: unwind, so the operator it started is stopped and its namespaces deleted
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = load_e2e_module("cluster")
     name = os.environ.get("PD_TEST_CLUSTER", "pd-test")
     was_running = cluster.is_running(name)
@@ -281,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             op_kc = operator_identity(kc, Path(tmp))
             for n in (int(x) for x in args.services.split(",")):
-                print(json.dumps(run(kc, n, args.idle, args.edits, children, op_kc)), flush=True)
+                print(json.dumps(run(kc, n, args.idle, args.edits, children, op_kc, args.distinct)), flush=True)
     finally:
         if not was_running and not os.environ.get("PD_KEEP_CLUSTER"):
             cluster.down(name)
