@@ -133,3 +133,25 @@ def test_weights_that_do_not_fit_have_no_estimate():
     itl_bound = decode_tokens_per_s(CostModel(shape=shape_for(big["model"]["name"])), decode_mean_context(ISL, OSL))
     assert estimate_capacity(svc(**big), "decode", ISL, OSL) < itl_bound / 2
     assert estimate_capacity(svc(**big), "decode", 40_000.0, OSL) is None  # not one context fits
+
+
+def test_wide_ep_layouts_count_each_engine_once():
+    # SGLang attention DP: one engine whose DP ranks share the TP GPUs and split its batch;
+    # vLLM DP: DP engines of TP GPUs each, side by side (what the simulated engines build
+    # from the rendered commands, enginesim config_from_argv)
+    import yaml
+
+    from pd_operator.api import validate_service
+    from pd_operator.autoscale.capacity import pool_cost_model
+    from pd_operator.perfmodel.costmodel import shape_for
+    from tests.conftest import ROOT as REPO
+
+    sg = validate_service(yaml.safe_load((REPO / "manifests/examples/deepseek-wide-ep.yaml").read_text()))
+    cost, ranks = pool_cost_model(shape_for(sg.spec.model.name), "sglang", sg.spec.decode)
+    assert ranks == 1 and (cost.tp, cost.dp, cost.ep) == (32, 32, 32)
+    assert estimate_capacity(sg, "prefill", ISL, OSL) > 0 and estimate_capacity(sg, "decode", ISL, OSL) > 0
+    vl = validate_service(yaml.safe_load((REPO / "manifests/examples/deepseek-wide-ep-vllm.yaml").read_text()))
+    pool = vl.spec.decode
+    cost, ranks = pool_cost_model(shape_for(vl.spec.model.name), "vllm", pool)
+    assert ranks == pool.data_parallel_size and cost.tp == pool.tensor_parallel_size
+    assert cost.ep == pool.tensor_parallel_size * pool.data_parallel_size

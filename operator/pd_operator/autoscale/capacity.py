@@ -141,8 +141,21 @@ def replica_cost_model(spec: PDInferenceServiceSpec, role: str) -> CostModel | N
         shape = shape_for(spec.model.name)
     except KeyError:
         return None
-    cost = CostModel(shape=shape, tp=pool.tensor_parallel_size)
+    cost, _ = pool_cost_model(shape, spec.engine.kind, pool)
     return cost if cost.kv_capacity_tokens(_memory_fraction(pool)) > 0 else None
+
+
+def pool_cost_model(shape, engine: str, pool: PoolSpec) -> tuple[CostModel, int]:
+    """The cost model of one engine rank of ``pool``, and how many such ranks serve side by
+    side in a replica. vLLM: each DP rank is an engine of TP GPUs (experts spread over
+    all TP x DP GPUs with --enable-expert-parallel). SGLang with attention DP: one engine
+    whose attention-DP ranks share the TP GPUs and split its batch (experts over
+    --ep-size, the TP size); without it, each DP replica is an engine of TP GPUs."""
+    tp, dp = pool.tensor_parallel_size, pool.data_parallel_size
+    if engine == "sglang" and pool.data_parallel_attention:
+        return CostModel(shape=shape, tp=tp, dp=dp, ep=tp if pool.expert_parallel else 1), 1
+    ep = tp * dp if engine == "vllm" else tp
+    return CostModel(shape=shape, tp=tp, ep=ep if pool.expert_parallel else 1), dp
 
 
 def _memory_fraction(pool: PoolSpec) -> float:
@@ -170,7 +183,8 @@ def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: floa
             return None
         per_rank = decode_tokens_per_s(cost, ctx, duration_seconds(pool.autoscaling.target.value), seqs,
                                        utilization=DECODE_UTILIZATION)
-    return per_rank * pool.data_parallel_size  # data-parallel ranks of a replica serve side by side
+    _, ranks = pool_cost_model(cost.shape, spec.engine.kind, pool)
+    return per_rank * ranks  # data-parallel engines of a replica serve side by side
 
 
 def _context(mean_isl: float, mean_osl: float, osl_bias: float | None) -> float:

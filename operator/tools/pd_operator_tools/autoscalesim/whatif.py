@@ -35,7 +35,7 @@ from pd_operator.api import SpecError, validate_service
 from pd_operator.api.constants import ROLES
 from pd_operator.api.models import PDInferenceService, duration_seconds
 from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, DEFAULT_MAX_BATCHED_TOKENS,
-                                  DEFAULT_MAX_NUM_SEQS)
+                                            DEFAULT_MAX_NUM_SEQS, pool_cost_model)
 from pd_operator.perfmodel.costmodel import MODELS, CostModel, shape_for
 from .policies import PdOperator
 from .reference import SCRAPE, START_DELAY
@@ -75,7 +75,7 @@ def load_spec(path: str) -> PDInferenceService:
 
 
 def cost_model(svc: PDInferenceService, role: str) -> CostModel:
-    return CostModel(shape=shape_for(svc.spec.model.name), tp=svc.spec.pool(role).tensor_parallel_size)
+    return pool_cost_model(shape_for(svc.spec.model.name), svc.spec.engine.kind, svc.spec.pool(role))[0]
 
 
 def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
