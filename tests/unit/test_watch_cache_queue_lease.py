@@ -98,6 +98,31 @@ def test_the_cache_keeps_the_fingerprint_of_our_fields_not_the_field_sets():
     assert _our_fields(cache.get("Service", NS, "x")) != _our_fields(obj)
 
 
+def test_the_cache_keeps_no_command_lines_but_what_status_and_the_gpu_fit_read():
+    from pd_operator.autoscale import fit
+
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.33.0", "command": ["vllm"], "args": ["serve"] * 50,
+                 "env": [{"name": "X", "value": "y"}], "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    template = {"metadata": {"labels": {"a": "b"}}, "spec": {"nodeSelector": {"gpu": "h200"}, "containers": [container],
+                                                             "tolerations": [{"key": "gpu", "operator": "Exists"}]}}
+    sts = {"kind": "StatefulSet", "metadata": {"namespace": NS, "name": "p", "resourceVersion": "1"},
+           "spec": {"replicas": 3, "template": template}, "status": {"readyReplicas": 2}}
+    pod = {"kind": "Pod", "metadata": {"namespace": NS, "name": "p-0", "resourceVersion": "2", "managedFields": [{}]},
+           "spec": {"nodeName": "n1", "containers": [container]}, "status": {"phase": "Running", "podIP": "1.2.3.4"}}
+    cache = Cache()
+    cache.put("StatefulSet", sts)
+    cache.put("Pod", pod)
+    kept, kept_pod = cache.get("StatefulSet", NS, "p"), cache.get("Pod", NS, "p-0")
+    c = kept["spec"]["template"]["spec"]["containers"][0]
+    assert not {"command", "args", "env"} & set(c) and c["resources"] == container["resources"]
+    assert fit.workload_template(kept) == fit.workload_template({**sts, "spec": {**sts["spec"], "template": {
+        **template, "spec": {**template["spec"], "containers": [c]}}}})
+    assert kept["spec"]["replicas"] == 3 and kept["status"] == sts["status"]
+    assert "args" not in kept_pod["spec"]["containers"][0] and "managedFields" not in kept_pod["metadata"]
+    assert kept_pod["spec"]["nodeName"] == "n1" and kept_pod["status"] == pod["status"]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["args"]  # the object given is left as it was
+
+
 def test_the_echo_of_our_own_write_queues_nothing(monkeypatch):
     added = []
     monkeypatch.setattr(handlers, "reconcile_service", lambda ns, name, settle=0.0: added.append(name))

@@ -50,15 +50,53 @@ def fields_fingerprint(managed_fields: list[dict]) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+# What nobody reads from a cached pod or pod template (the engines' command lines and
+# env are the largest part of them): status reads the pods' state, the GPU fit a
+# template's scheduling fields and resources.
+_UNREAD_CONTAINER_FIELDS = ("command", "args", "env")
+
+
+def _slim_pod_spec(spec: dict | None) -> dict | None:
+    if not spec:
+        return spec
+    out = dict(spec)
+    for key in ("containers", "initContainers"):
+        if spec.get(key):
+            out[key] = [{k: v for k, v in c.items() if k not in _UNREAD_CONTAINER_FIELDS} for c in spec[key]]
+    return out
+
+
+def _slim_template(template: dict | None) -> dict | None:
+    return {**template, "spec": _slim_pod_spec(template.get("spec"))} if template else template
+
+
+def _slim_workload(kind: str, spec: dict | None) -> dict | None:
+    if not spec:
+        return spec
+    if kind in ("StatefulSet", "Deployment") and spec.get("template"):
+        return {**spec, "template": _slim_template(spec["template"])}
+    if kind == "LeaderWorkerSet" and spec.get("leaderWorkerTemplate"):
+        lwt = spec["leaderWorkerTemplate"]
+        return {**spec, "leaderWorkerTemplate": {**lwt, **{k: _slim_template(lwt[k]) for k in ("leaderTemplate", "workerTemplate")
+                                                           if lwt.get(k)}}}
+    return spec
+
+
 def _compact(kind: str, obj: dict) -> dict:
-    """What the cache keeps of an object: pods without managed fields (nothing reads
-    them), the operator's children with their managers and times but not the field
-    sets, whose fingerprint is kept instead."""
+    """What the cache keeps of an object: pods without managed fields and without their
+    containers' command lines and env (nothing reads them), the operator's children
+    with their managers and times but not the field sets, whose fingerprint is kept
+    instead, and the pools' and router's pod templates without command lines and env."""
     meta = obj.get("metadata") or {}
     managed = meta.get("managedFields")
     if kind == POD_KIND:
-        return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
-    if kind == SERVICE_KIND or not managed:
+        return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+                "spec": _slim_pod_spec(obj.get("spec"))}
+    if kind == SERVICE_KIND:
+        return obj
+    if kind in ("StatefulSet", "Deployment", "LeaderWorkerSet"):
+        obj = {**obj, "spec": _slim_workload(kind, obj.get("spec"))}
+    if not managed:
         return obj
     return {**obj, OUR_FIELDS: fields_fingerprint(managed),
             "metadata": {**meta, "managedFields": [{k: v for k, v in e.items() if k != "fieldsV1"} for e in managed]}}

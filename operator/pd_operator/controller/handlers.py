@@ -38,6 +38,7 @@ from .workqueue import WorkQueue
 # Drift backstop; child events restore hand edits within seconds already.
 RESYNC_SECONDS = float(os.environ.get("PD_OPERATOR_RESYNC_SECONDS", "600"))
 SECRET_RECHECK_SECONDS = 10.0
+RESYNC_SPREAD_SECONDS = 60.0
 CHILD_SETTLE_SECONDS = 0.5
 WARMUP_SECONDS = float(os.environ.get("PD_OPERATOR_WARMUP_SECONDS", "2"))
 WORKERS = int(os.environ.get("PD_OPERATOR_WORKERS", "4"))
@@ -141,8 +142,11 @@ def resync(namespace: str | None) -> None:
     """Queue every cached service in ``namespace`` (None: all in scope)."""
     if not ACTIVE.is_set():
         return
-    for body in CACHE.select(SERVICE_KIND, namespace, {}):
-        reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"])
+    services = CACHE.select(SERVICE_KIND, namespace, {})
+    # spread over a while, so an edit queued meanwhile waits behind a few of them, not all
+    spread = min(RESYNC_SPREAD_SECONDS, RESYNC_SECONDS / 2)
+    for i, body in enumerate(services):
+        reconcile_service(body["metadata"]["namespace"], body["metadata"]["name"], settle=spread * i / len(services))
 
 
 # How often the autoscaler looks for services due for a round; each service is
