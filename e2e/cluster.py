@@ -519,9 +519,12 @@ def up(name: str = DEFAULT_NAME, timeout: float = 180.0, profile: str | None = N
 def _wait_exited(name: str, procs: dict[str, int], timeout: float = 30) -> None:
     """Wait for the component processes seen before a stop to be gone. The pid
     files are no proof: kwokctl removes them while the processes still shut down
-    (seen: kube-apiserver alive after `down` returned)."""
+    (seen: kube-apiserver alive after `down` returned). Nor is the command line:
+    a process tearing down reads an empty /proc/<pid>/cmdline before it is gone
+    (seen: kube-apiserver alive after `down` returned, under load), so a pid
+    checked ours before the stop counts until it is gone or a zombie."""
     _wait("components to exit",
-          lambda: not running_components(name) and not [p for c, p in procs.items() if _alive(p) and _ours(name, c, p)],
+          lambda: not running_components(name) and not [p for p in procs.values() if _alive(p)],
           timeout)
 # --- LeaderWorkerSet controller ------------------------------------------------
 #
