@@ -10,15 +10,13 @@ no request at all (``reconcile.py`` writes only what differs).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..api.constants import LABEL_MANAGED_BY, LABEL_SERVICE
-from .kube import FIELD_MANAGER, KINDS, Kube
+from .kube import FIELD_MANAGER, KINDS, Kube, content_hash
 
 SERVICE_KIND = "PDInferenceService"
 POOL_KINDS = ("StatefulSet", "LeaderWorkerSet")
@@ -46,8 +44,7 @@ def fields_fingerprint(managed_fields: list[dict]) -> str | None:
     entries = [e for e in managed_fields if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
     if not entries:
         return None
-    text = json.dumps({"fields": [e.get("fieldsV1") for e in entries]}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    return content_hash({"fields": [e.get("fieldsV1") for e in entries]})
 
 
 # What nobody reads from a cached pod or pod template (the engines' command lines and

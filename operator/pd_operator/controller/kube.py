@@ -7,6 +7,7 @@ discovery round-trips are needed at start-up.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from datetime import datetime, timezone
 from typing import Any
@@ -40,6 +41,11 @@ KINDS: dict[str, tuple[str, str]] = {
     "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
 }
+
+
+def content_hash(obj) -> str:
+    """A short, stable hash of a JSON-able value (a rendering, a set of managed fields)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
 
 
 def _path(api_version: str, plural: str, namespace: str, name: str | None = None) -> str:

@@ -4,7 +4,6 @@ after a crash at any point, and it converges to the same objects."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -21,7 +20,7 @@ from ..render.common import child_name, selector_labels
 from ..render.pools import pool_kind
 from . import metrics
 from .cache import OUR_FIELDS, fields_fingerprint
-from .kube import AUTOSCALER_MANAGER, FIELD_MANAGER, REPLICAS_MANAGER, Kube, refusal
+from .kube import AUTOSCALER_MANAGER, FIELD_MANAGER, REPLICAS_MANAGER, Kube, content_hash, refusal
 from .status import Observed, compute_status
 
 # An event sink: (body, type, reason, message).
@@ -259,9 +258,6 @@ HASH_ANNOTATION = f"{GROUP}/rendered-hash"
 OUR_MANAGERS = (FIELD_MANAGER, REPLICAS_MANAGER, AUTOSCALER_MANAGER)
 
 
-def rendered_hash(obj: dict) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
-
 
 def with_hash(obj: dict) -> dict:
     """``obj`` with the hash of itself in an annotation."""
@@ -270,7 +266,7 @@ def with_hash(obj: dict) -> dict:
                                                           if k != HASH_ANNOTATION}}}
     if not clean["metadata"]["annotations"]:
         del clean["metadata"]["annotations"]
-    h = rendered_hash(clean)
+    h = content_hash(clean)
     return {**obj, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), HASH_ANNOTATION: h}}}
 
 
@@ -447,7 +443,7 @@ def verdict_keys(svc, current: dict[str, int], plan: "Plan") -> dict[tuple[str, 
         if stale:
             with_replicas = role is None or "replicas" in obj["spec"]
             form = c if with_replicas else {**c, "spec": {k: v for k, v in c["spec"].items() if k != "replicas"}}
-            keys[(obj["kind"], obj["metadata"]["name"])] = f"{obj['kind']}:{rendered_hash(form)}"
+            keys[(obj["kind"], obj["metadata"]["name"])] = f"{obj['kind']}:{content_hash(form)}"
     return keys
 
 
