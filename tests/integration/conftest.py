@@ -119,6 +119,52 @@ def custom_objects(api_client) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item (``item.rep_call``) so that
+    fixtures can tell, at teardown, whether the test failed."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def failed(request) -> bool:
+    report = getattr(request.node, "rep_call", None)
+    return bool(report and report.failed)
+
+
+def _describe_namespace(api_client, namespace: str) -> str:
+    """What a failed test's namespace holds: the workloads' and pods' states and
+    the services' conditions, one line each (to read a CI failure without the
+    cluster)."""
+    apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
+    lines = []
+    for sts in apps.list_namespaced_stateful_set(namespace).items:
+        st = sts.status
+        lines.append(f"StatefulSet {sts.metadata.name}: gen {sts.metadata.generation} observed {st.observed_generation} "
+                     f"replicas {sts.spec.replicas} ready {st.ready_replicas} updated {st.updated_replicas} "
+                     f"current {st.current_revision} update {st.update_revision}")
+    for dep in apps.list_namespaced_deployment(namespace).items:
+        lines.append(f"Deployment {dep.metadata.name}: replicas {dep.spec.replicas} ready {dep.status.ready_replicas}")
+    for pod in core.list_namespaced_pod(namespace).items:
+        ready = [c.status for c in pod.status.conditions or [] if c.type == "Ready"]
+        lines.append(f"Pod {pod.metadata.name}: {pod.status.phase} ready {ready} node {pod.spec.node_name} "
+                     f"revision {(pod.metadata.labels or {}).get('controller-revision-hash')} "
+                     f"deleting {pod.metadata.deletion_timestamp is not None}")
+    try:
+        services = client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+            "pdserving.io", "v1alpha1", namespace, "pdinferenceservices")["items"]
+    except ApiException:
+        services = []
+    for svc in services:
+        st = svc.get("status") or {}
+        lines.append(f"PDInferenceService {svc['metadata']['name']}: generation {svc['metadata'].get('generation')} "
+                     f"observed {st.get('observedGeneration')}")
+        lines += [f"  {c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message', '')[:200]}"
+                  for c in st.get("conditions") or []]
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def namespace(request, core_v1) -> str:
     """A fresh namespace for one test, deleted (not waited for) afterwards."""
@@ -140,6 +186,11 @@ def namespace(request, core_v1) -> str:
                 time.sleep(0.1)
         yield name
     finally:
+        if failed(request):
+            try:
+                print(f"\n[namespace {name} at the failure]\n{_describe_namespace(core_v1.api_client, name)}")
+            except Exception as err:  # a report, never a second failure
+                print(f"[namespace {name}: not described: {err}]")
         try:
             core_v1.delete_namespace(name, propagation_policy="Background")
         except ApiException as e:

@@ -89,15 +89,20 @@ def running_stack(kube_cluster, namespace: str, tmp_path: Path, router_py: Path,
     harness = load_harness_module().Harness(kube_cluster.kubeconfig, namespace, tmp_path / "pods",
                                             router_python=router_py, sim_opts=sim_opts)
     harness.start()
+    ok = False
     try:
         yield harness
         assert not harness.errors, harness.errors
         crashed = [(p.pod, p.proc.returncode, str(p.log_path)) for p in harness.exited]
         assert not crashed, f"pod processes exited: {crashed}"
+        ok = True
     finally:
         harness.stop()
         op.stop()
         print(f"\n[logs] operator: {tmp_path / 'operator.log'}; pod processes: {tmp_path / 'pods'}")
+        if not ok:  # the paths above are gone after CI: the operator's last words here
+            lines = (tmp_path / "operator.log").read_text().splitlines()
+            print("[operator log, last 60 lines]\n" + "\n".join(lines[-60:]))
         if harness.ip_conflicts:
             print("[harness] pods recreated for a duplicate kwok IP: " + "; ".join(harness.ip_conflicts))
 

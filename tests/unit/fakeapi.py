@@ -176,8 +176,11 @@ class FakeApi:
     def patch_status(self, namespace, name, status, manager=FIELD_MANAGER):
         self.calls.append(("patch_status", manager))
         svc = self.services.get((namespace, name))
-        if svc is not None:
-            svc["status"] = {**(svc.get("status") or {}), **copy.deepcopy(status)}
+        if svc is None:
+            return None
+        svc["status"] = {**(svc.get("status") or {}), **copy.deepcopy(status)}
+        svc["metadata"]["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(svc)
 
     # -- what others do -------------------------------------------------------------------
     def edit(self, kind, namespace, name, change, manager="kubectl-edit", subresource=""):

@@ -63,6 +63,46 @@ def test_an_idle_reconcile_from_the_cache_sends_no_request_at_all():
     assert api.calls == []
 
 
+def test_a_status_write_is_cached_so_the_next_reconcile_does_not_repeat_it():
+    api, cache = FakeApi(), Cache()
+    body = minimal(engine={"kind": "vllm"})
+    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1}
+    api.services[(NS, "svc")] = body
+    watched(api, cache)
+    kube = CachedKube(api, cache)
+    reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+    watched(api, cache)  # the children and the pods the StatefulSet controller made
+    api.services[(NS, "svc")]["metadata"]["resourceVersion"] = "0"  # the status write's echo comes later
+    api.calls.clear()
+    reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+    reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)  # before the watch brings the status back
+    assert [c for c in api.calls if c[0] == "patch_status"] == [("patch_status", "pd-operator")]
+
+
+def test_a_status_write_never_hides_a_spec_edit_the_watch_has_not_delivered():
+    from pd_operator.controller.handlers import _spec_changed
+
+    api, cache = FakeApi(), Cache()
+    body = minimal(engine={"kind": "vllm"})
+    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1, "resourceVersion": "1"}
+    api.services[(NS, "svc")] = body
+    watched(api, cache)
+    kube = CachedKube(api, cache)
+    seen = copy.deepcopy(kube.get_service(NS, "svc"))
+    api.services[(NS, "svc")]["spec"].setdefault("decode", {})["replicas"] = 3  # an edit, not yet delivered
+    api.services[(NS, "svc")]["metadata"]["generation"] = 2
+    kube.patch_status(NS, "svc", {"observedGeneration": 1})
+    cached = cache.get(SERVICE_KIND, NS, "svc")
+    assert cached["metadata"]["generation"] == 1
+    # the edit's watch event then still reads as a change, and queues its reconcile
+    assert _spec_changed(cached, api.get_service(NS, "svc"))
+    # with no edit in between, the write's response is what the cache holds
+    api.services[(NS, "svc")] = seen
+    watched(api, cache)
+    kube.patch_status(NS, "svc", {"observedGeneration": 1})
+    assert cache.get(SERVICE_KIND, NS, "svc")["status"]["observedGeneration"] == 1
+
+
 def test_creating_a_service_reads_nothing_but_its_two_pools():
     # the children are new: the cache not having them is the answer, except for the pools
     # (one taken for absent would be created at its initial size over an autoscaled one)

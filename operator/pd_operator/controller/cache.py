@@ -150,6 +150,10 @@ class Cache:
             return sum(len(t) for t in self._objects.values())
 
 
+# The service metadata whose change queues a reconcile (handlers._spec_changed).
+SERVICE_METADATA_WATCHED = ("generation", "labels", "annotations", "uid", "deletionTimestamp")
+
+
 class CachedKube:
     """``Kube``'s interface; reads from a ``Cache``, writes through to the API server."""
 
@@ -226,6 +230,19 @@ class CachedKube:
         out = self.kube.apply_replicas(kind, namespace, name, replicas)
         if out:
             self.cache.put(kind, out)
+        return out
+
+    def patch_status(self, namespace: str, name: str, status: dict, manager: str = FIELD_MANAGER) -> dict | None:
+        """Written through; the response is cached, so a reconcile that runs before
+        the watch brings this write back compares with it (and writes nothing again).
+        Not when the response's metadata differs from the cached service's: an edit
+        the watch has not delivered yet would then look already seen, and the
+        service event handler (which compares with the cache) would not queue it."""
+        out = self.kube.patch_status(namespace, name, status, manager=manager)
+        cached = self.cache.get(SERVICE_KIND, namespace, name)
+        if out and cached and all((out.get("metadata") or {}).get(k) == (cached.get("metadata") or {}).get(k)
+                                  for k in SERVICE_METADATA_WATCHED):
+            self.cache.put(SERVICE_KIND, out)
         return out
 
     def delete(self, kind: str, namespace: str, name: str) -> None:

@@ -28,7 +28,7 @@ import threading
 import kopf
 
 from ..api.constants import GROUP, LABEL_MANAGED_BY, LABEL_SERVICE, PLURAL, VERSION
-from .cache import POD_KIND, SERVICE_KIND, Cache, CachedKube
+from .cache import POD_KIND, SERVICE_KIND, SERVICE_METADATA_WATCHED, Cache, CachedKube
 from .health import HEALTH
 from .kube import FIELD_MANAGER, Kube
 from .loop import every
@@ -100,7 +100,7 @@ def _spec_changed(old: dict | None, new: dict) -> bool:
     if old is None:
         return True
     a, b = old.get("metadata") or {}, new.get("metadata") or {}
-    return any(a.get(k) != b.get(k) for k in ("generation", "labels", "annotations", "uid", "deletionTimestamp"))
+    return any(a.get(k) != b.get(k) for k in SERVICE_METADATA_WATCHED)
 
 
 def on_service_event(event: dict) -> None:

@@ -196,13 +196,14 @@ class Kube:
         out = self._call("GET", path)
         return out.get("items", []) if out else []
 
-    def patch_status(self, namespace: str, name: str, status: dict, manager: str = FIELD_MANAGER) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict, manager: str = FIELD_MANAGER) -> dict | None:
         """Server-side apply of the status fields this writer owns (conditions
-        merge by type with the other writer's)."""
+        merge by type with the other writer's). Returns the service as written
+        (None: it was deleted meanwhile)."""
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                 "metadata": {"name": name, "namespace": namespace}, "status": status}
         try:
-            self._call(
+            return self._call(
                 "PATCH",
                 f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
                 body=body,
@@ -212,6 +213,7 @@ class Kube:
         except ApiException as err:
             if err.status != 404:  # deleted while we reconciled: nothing to report on
                 raise
+            return None
 
     def secret_value(self, namespace: str, name: str, key: str) -> str:
         """One key of a Secret, decoded. PermissionError when RBAC forbids the

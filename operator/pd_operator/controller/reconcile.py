@@ -5,6 +5,7 @@ after a crash at any point, and it converges to the same objects."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from . import metrics
 from .cache import OUR_FIELDS, fields_fingerprint
 from .kube import AUTOSCALER_MANAGER, FIELD_MANAGER, REPLICAS_MANAGER, Kube, content_hash, refusal
 from .status import Observed, compute_status
+
+log = logging.getLogger(__name__)
 
 # An event sink: (body, type, reason, message).
 EventFn = Callable[[dict, str, str, str], None]
@@ -177,7 +180,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             if role is None:
                 if stale:
                     OWNED.put(namespace, name, kube.apply(obj))
-                    metrics.APPLIED.labels(obj["kind"]).inc()
+                    _applied(obj)
             else:
                 reason = _apply_pool(kube, svc, obj, role, current.get(role), stale, desired)
                 if reason:
@@ -217,6 +220,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     status = compute_status(svc, observed, generation, previous, now_rfc3339())
     if _changed(previous, status):
         kube.patch_status(namespace, name, status)
+        _log_readiness(namespace, name, previous, status)
     if apply_error:
         raise RuntimeError(apply_error)
     return status
@@ -236,11 +240,11 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stal
     if current is None:
         kube.apply(sts)
         OWNED.put(namespace, service, kube.apply_replicas(sts["kind"], namespace, name, desired))
-        metrics.APPLIED.labels(sts["kind"]).inc()
+        _applied(sts)
         return None
     if stale:
         OWNED.put(namespace, service, kube.apply(sts))  # rendered without replicas (see _reconcile)
-        metrics.APPLIED.labels(sts["kind"]).inc()
+        _applied(sts)
     if desired == current:
         return None
     if pool.autoscaling.enabled:
@@ -492,6 +496,23 @@ def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict],
             return [], f"dry-run of {kind}/{obj_name} failed: {err.status} {err.reason}: {message}"
     REFUSALS.put((namespace, name), hashes, refused)
     return refused, None
+
+
+def _applied(obj: dict) -> None:
+    metrics.APPLIED.labels(obj["kind"]).inc()
+    log.info("%s/%s: applied %s", obj["metadata"]["namespace"], obj["metadata"]["name"], obj["kind"])
+
+
+def _ready(status: dict) -> tuple | None:
+    c = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    return (c.get("status"), c.get("reason"), c.get("message")) if c else None
+
+
+def _log_readiness(namespace: str, name: str, previous: dict, status: dict) -> None:
+    """One log line each time the Ready condition's status or reason changes."""
+    now, before = _ready(status), _ready(previous)
+    if now is not None and (before is None or now[:2] != before[:2]):
+        log.info("%s/%s: Ready=%s %s: %s", namespace, name, *now)
 
 
 def _changed(previous: dict, status: dict) -> bool:
