@@ -348,9 +348,7 @@ class Harness:
             # kwok marks the pod Ready at once, with no readiness probe run, so a
             # router may send to it right away; held in the backlog, that request
             # waits for the engine instead of failing with a refused connection.
-            # ... on the port the engine will really listen on: a pod whose engine
-            # listens elsewhere (PDSIM_BIND_PORT, a port mismatch) must stay unreachable
-            listener = listen(ip, int(proc_env.get("PDSIM_BIND_PORT") or http_port))
+            listener = listen(ip, int(http_port))
             sep = argv.index("--")  # the sim's options end here
             argv[sep:sep] = ["--listen-fd", str(listener.fileno())]
             pass_fds = (listener.fileno(),)

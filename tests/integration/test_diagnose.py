@@ -12,9 +12,12 @@ it is fixed (a shortened counter window, PD_OPERATOR_DIAGNOSIS_WINDOW):
 - EngineAuthRejected: the engine-key Secret is rotated and only the router
   restarts (it reads the new key, the engines still hold the old one);
   fixed by restarting the engine pods.
-- WorkersUnreachable: the decode engine listens on another port than the
-  one the router discovers (PDSIM_BIND_PORT in the pool's env); fixed by
-  removing it.
+- WorkersUnreachable: an HTTP proxy is put into the router's environment
+  from outside the operator (as a cluster-wide proxy injector does, with no
+  NO_PROXY for the pod IPs), so the router's health checks and requests go to
+  a proxy that does not answer; fixed by removing it. (A port the engines do
+  not listen on is not this failure on a real cluster: the readiness probe
+  fails, the pod never gets Ready and the router never discovers it.)
 - KVTransferFailing: the decode engine fails every KV transfer
   (PDSIM_FAIL_KV_TRANSFER=1, counted in the engine's real failure counter).
 - Overloaded (vLLM): decode runs with --max-num-queued-reqs 0, every request
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -119,6 +123,29 @@ def secret(core_v1, namespace: str, key: str) -> None:
 def delete_pods(core_v1, namespace: str, name: str, role: str) -> None:
     for pod in core_v1.list_namespaced_pod(namespace, label_selector=f"pdserving.io/service={name},pdserving.io/role={role}").items:
         core_v1.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def router_proxy(apps_v1, namespace: str, name: str, port: int | None) -> None:
+    """HTTP_PROXY in the router container's env (None: taken out again), written by
+    this test's own field manager, as a proxy injector would; the operator's apply
+    owns its own env entries only, so it leaves this one alone."""
+    dep = apps_v1.read_namespaced_deployment(f"{name}-router", namespace)
+    container = dep.spec.template.spec.containers[0].name
+    env = [] if port is None else [{"name": "HTTP_PROXY", "value": f"http://127.0.0.1:{port}"}]
+    body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{name}-router", "namespace": namespace},
+            "spec": {"template": {"spec": {"containers": [{"name": container, "env": env}]}}}}
+    apps_v1.api_client.call_api(*apps_v1.api_client.param_serialize(
+        "PATCH", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}-router",
+        query_params=[("fieldManager", "proxy-injector"), ("force", "true")],
+        header_params={"Content-Type": "application/apply-patch+yaml"}, body=body,
+        auth_settings=["BearerToken"])).read()
 
 
 def patch_spec(custom_objects, namespace: str, name: str, spec: dict) -> None:
@@ -246,17 +273,8 @@ def up(harness, namespace: str, key: str | None = None):
     return router
 
 
-# vLLM's wrong-port phase, known open: kwok hands a new pod the lowest free IP, often
-# that of an earlier decode pod the router removed, and vllm-router 0.1.17 keeps
-# exporting the removed worker's health (1) while it waits, without a series, on the
-# new pod it cannot reach; counted by IP, the stale 1 covers the new pod. A CNI's
-# host-local IPAM allocates IPs in turn (reuse only after the range wraps); sglang-router
-# also exports its pool size (smg_worker_pool_size), vllm-router 0.1.17 no such count.
-@pytest.mark.parametrize("example", [
-    pytest.param("vllm-nixl", marks=pytest.mark.xfail(
-        reason="issue 18: vLLM wrong-port phase not named when kwok reuses a removed worker's IP", strict=False)),
-    "sglang-mooncake"])
-def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, custom_objects):
+@pytest.mark.parametrize("example", ["vllm-nixl", "sglang-mooncake"])
+def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, apps_v1, custom_objects):
     prom, harness = diag
     vllm = example.startswith("vllm")
     secret(core_v1, namespace, "key-1")
@@ -323,13 +341,25 @@ def test_each_failure_is_named_then_clears(example, diag, namespace, core_v1, cu
             status.timeline.append(f"  Serving (noted 'gpt-4o')  {time.monotonic() - t:5.1f}s after the first request for it")
             assert status.cond()["status"] == "True" and set(load.first) == {200}, (status.cond(), load.first)
             load.reset(model=SERVED)
-        # 5. (last: the slowest to clear) decode listens on a port the router does not use
+        # 5. the router behind a proxy that does not answer: HTTP_PROXY added to the router's
+        #    Deployment by another writer (the operator owns its own env entries, not this one).
+        #    The new router holds no healthy worker, so its /readiness answers 503: on a real
+        #    cluster that pod stays unready (its Service has no endpoint once the old pod is
+        #    gone, e.g. evicted); kwok marks it Ready and the old one goes at once. The client
+        #    talks to the new router's process, which is up (/liveness).
+        old = router.pod
+        router_proxy(apps_v1, namespace, "diag", closed_port())
+        router = wait_for(lambda: next((p for p in harness.wait_serving("router", 1, timeout=90, path="/liveness")
+                                        if p.pod != old), None), 90, "the router pod with the proxy up")
+        load.url = router.url
         load.reset()
-        patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
-                   "gpuProduct": "NVIDIA-H200", "env": [{"name": "PDSIM_BIND_PORT", "value": "18999"}]}})
+        wait_for(lambda: load.last_code not in (None, 0, 200), 90, "requests failing through the proxied router")
         delays["WorkersUnreachable"] = status.wait("WorkersUnreachable", load, timeout=120)
-        patch_spec(custom_objects, namespace, "diag", {"decode": {"replicas": 1, "tensorParallelSize": 1,
-                   "gpuProduct": "NVIDIA-H200", "env": []}})
+        old = router.pod
+        router_proxy(apps_v1, namespace, "diag", None)
+        router = wait_for(lambda: next((p for p in harness.wait_serving("router", 1, timeout=90) if p.pod != old), None),
+                          90, "the router pod without the proxy serving")
+        load.url = router.url
         up(harness, namespace, load.key)
         status.wait("Serving", timeout=120)
 

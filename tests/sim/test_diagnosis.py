@@ -40,7 +40,7 @@ def post(base: str, model: str, key: str | None = None) -> int:
 
 
 def stack(procs, router_py, tmp_path, kind: str, *, router_key: str = KEY, decode_opts=(), decode_flags=(),
-          dead_decode: bool = False):
+          dead_decode: bool = False, router_env: dict | None = None):
     """Prefill and decode sims (engine key KEY), the real router, Prometheus scraping all three
     with the labels the shipped scrape job sets. (router URL, Prometheus URL, served name)"""
     example = "vllm-nixl" if kind == "vllm" else "sglang-mooncake"
@@ -64,7 +64,7 @@ def stack(procs, router_py, tmp_path, kind: str, *, router_key: str = KEY, decod
     args = ["--host", h, "--port", str(rp), *flags, *prefill, *decodes, "--api-key", router_key,
             "--prometheus-host", h, "--prometheus-port", str(mp), "--worker-startup-check-interval", "1",
             "--worker-startup-timeout-secs", "5", "--health-check-interval-secs", "1"]
-    router = procs.start([str(router_py), "-m", module, *args], env=env)
+    router = procs.start([str(router_py), "-m", module, *args], env={**env, **(router_env or {})})
     wait_http(f"http://{h}:{rp}/liveness", timeout=60, proc=router)
     url = start_prometheus(procs, tmp_path, {
         "prefill": [(h, pp, engine_labels("svc", "prefill"))], "decode": [(h, dp, engine_labels("svc", "decode"))],
@@ -124,6 +124,27 @@ def test_worker_port_nothing_listens_on(procs, router_py, tmp_path, kind):
     base, prom, served = stack(procs, router_py, tmp_path, kind, dead_decode=True)
     load(base, served, CLIENT[kind])
     v = verdict(prom, kind, served, ready=3)  # three engine pods ready as Kubernetes sees them
+    assert v.reason == "WorkersUnreachable", v
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_router_behind_a_proxy(procs, router_py, tmp_path, kind):
+    """HTTP_PROXY in the router's environment (a cluster-wide proxy injected into
+    every pod, no NO_PROXY for pod IPs): the router's requests to the workers
+    go to the proxy, which nothing answers here."""
+    closed = free_port(loopback_host())
+    proxy = {"HTTP_PROXY": f"http://127.0.0.1:{closed}"}
+    if kind == "vllm":
+        # vllm-router 0.1.17 with static workers waits for them at startup, then exits
+        # (with --service-discovery, as rendered, it stays up and waits for each pod:
+        # tests/integration/test_diagnose.py)
+        with pytest.raises(RuntimeError, match="to become healthy"):
+            stack(procs, router_py, tmp_path, kind, router_env=proxy)
+        return
+    base, prom, served = stack(procs, router_py, tmp_path, kind, router_env=proxy)
+    codes = load(base, served, CLIENT[kind])
+    assert 200 not in codes, codes
+    v = verdict(prom, kind, served, ready=2)
     assert v.reason == "WorkersUnreachable", v
 
 

@@ -29,9 +29,7 @@ def sim_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pd_operator_tools.enginesim",
                                 description="simulated vLLM/SGLang engine; give the engine command after --")
     p.add_argument("--bind", help="address to listen on instead of the command's --host (e.g. the pod IP)")
-    p.add_argument("--bind-port", type=int, default=int(os.environ["PDSIM_BIND_PORT"]) if os.environ.get("PDSIM_BIND_PORT") else None,
-                   help="port to listen on instead of the command's --port (default $PDSIM_BIND_PORT: "
-                        "a pod whose engine listens where nobody looks, for the WorkersUnreachable test)")
+    p.add_argument("--bind-port", type=int, help="port to listen on instead of the command's --port")
     p.add_argument("--listen-fd", type=int, help="serve HTTP on this inherited, already listening socket "
                    "(bound to --bind/--bind-port by the caller; connections made before the sim started wait in its backlog)")
     p.add_argument("--efficiency", choices=("fused", "pytorch"), default="fused",
