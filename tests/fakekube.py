@@ -43,6 +43,8 @@ PLURALS.update({"pods": "Pod", "secrets": "Secret", "nodes": "Node", "events": "
 API_VERSIONS = {kind: api for kind, (api, _) in KINDS.items()}
 API_VERSIONS.update({"Pod": "v1", "Secret": "v1", "Node": "v1", "Event": "v1", KIND: f"{GROUP}/{VERSION}"})
 DEFAULT_REPLICAS = {"StatefulSet", "Deployment"}
+# the clock of managedFields times (one per write, across objects)
+TICKS = itertools.count(1)
 
 Path = tuple  # a field path: ("spec", "replicas"), ("status", "conditions", ("type", "Ready"))
 
@@ -93,6 +95,7 @@ class Stored:
         self.fields: dict[Path, Any] = {}
         self.owners: dict[Path, set[str]] = {}
         self.applied: dict[tuple[str, str], set[Path]] = {}
+        self.writes: dict[tuple[str, str], tuple[int, str]] = {}  # (manager, subresource) -> (tick, operation)
 
     def apply(self, obj: dict, manager: str, subresource: str | None = "", release: bool = True) -> None:
         """Server-side apply (``release``: fields the manager no longer applies go),
@@ -104,6 +107,7 @@ class Stored:
         config = {p: v for p, v in flatten(body).items()
                   if subresource is None or (p[0] == "status") == (subresource == "status")}
         key = (manager, subresource)
+        self.writes[key] = (next(TICKS), "Apply" if release else "Update")
         if release:
             for path in self.applied.get(key, set()) - set(config):
                 owners = self.owners.get(path, set())
@@ -126,9 +130,30 @@ class Stored:
             self.fields[("spec", "replicas")] = 1
             self.owners[("spec", "replicas")] = set()
 
+    def managed_fields(self) -> list[dict]:
+        """As the API server lists them: one entry per (manager, subresource) that owns a
+        field, with the operation and time of its last write."""
+        out = []
+        for (manager, sub), (tick, operation) in sorted(self.writes.items(), key=lambda kv: kv[1][0]):
+            paths = [p for p in self.applied.get((manager, sub), set()) if manager in self.owners.get(p, set())]
+            if not paths:
+                continue
+            fields: dict = {}
+            for path in sorted(paths):
+                node = fields
+                for part in path:
+                    node = node.setdefault(f"f:{part}", {})
+            entry = {"manager": manager, "operation": operation, "apiVersion": API_VERSIONS[self.kind],
+                     "time": f"2026-01-01T{tick // 3600 % 24:02d}:{tick // 60 % 60:02d}:{tick % 60:02d}Z",
+                     "fieldsType": "FieldsV1", "fieldsV1": fields}
+            if sub:
+                entry["subresource"] = sub
+            out.append(entry)
+        return out
+
     def object(self) -> dict:
         obj = unflatten(self.fields)
-        meta = {**copy.deepcopy(self.meta), **obj.pop("metadata", {})}
+        meta = {**copy.deepcopy(self.meta), **obj.pop("metadata", {}), "managedFields": self.managed_fields()}
         return {"apiVersion": API_VERSIONS[self.kind], "kind": self.kind, "metadata": meta, **obj}
 
     def spec(self) -> dict:

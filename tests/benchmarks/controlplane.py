@@ -100,10 +100,15 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 
 def own_requests(port: int) -> dict[str, float]:
-    """The operator's own count of its API requests, by verb."""
+    """The operator's own count of its API requests, by verb, and of its reconciles
+    (``reconciles``) and the seconds they took (``reconcile_s``)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {m.group(1): float(m.group(2)) for m in
-            re.finditer(r'^pd_operator_api_requests_total\{[^}]*verb="(\w+)"[^}]*\} (\S+)$', text, re.M)}
+    out = {m.group(1): float(m.group(2)) for m in
+           re.finditer(r'^pd_operator_api_requests_total\{[^}]*verb="(\w+)"[^}]*\} (\S+)$', text, re.M)}
+    for key, metric in (("reconciles", "pd_operator_reconciles_total"),
+                        ("reconcile_s", "pd_operator_reconcile_duration_seconds_sum")):
+        out[key] = sum(float(m.group(1)) for m in re.finditer(rf"^{metric}\{{[^}}]*\}} (\S+)$", text, re.M))
+    return out
 
 
 IDENTITY = "pd-operator-bench"  # ServiceAccount (namespace default) and FlowSchema

@@ -73,16 +73,20 @@ class FakeApi:
     def writes(self) -> list[tuple[str, str]]:
         return [c for c in self.calls if c[0] in WRITES]
 
-    def _stamp(self, obj: dict, manager: str, operation: str, subresource: str = "", fields: list[str] = ()) -> None:
-        """Record a write: ``fields`` move to ``manager`` (taken from whoever had them)."""
+    def _stamp(self, obj: dict, manager: str, operation: str, subresource: str = "", fields: list[str] = (),
+               shared: set[str] = frozenset()) -> None:
+        """Record a write: ``fields`` move to ``manager`` (taken from whoever had them),
+        except those in ``shared``: applied with the value they already had, the
+        appliers own them together (server-side apply)."""
         meta = obj.setdefault("metadata", {})
         taken = set(fields)
+        moved = set(fields) - (set(shared) if operation == "Apply" else set())
         entries = []
         for e in meta.get("managedFields") or []:
             if e["manager"] == manager and e.get("subresource", "") == subresource:
                 taken |= set(e["fieldsV1"]) if operation == "Update" else set()
                 continue
-            e = {**e, "fieldsV1": [f for f in e.get("fieldsV1", []) if f not in set(fields)]}
+            e = {**e, "fieldsV1": [f for f in e.get("fieldsV1", []) if f not in moved]}
             if e["fieldsV1"]:
                 entries.append(e)
         entry = {"manager": manager, "operation": operation, "time": self.now(), "fieldsV1": sorted(taken)}
@@ -138,24 +142,35 @@ class FakeApi:
         new = copy.deepcopy(obj)
         if old is not None:
             if "replicas" not in (new.get("spec") or {}) and "replicas" in (old.get("spec") or {}):
-                new.setdefault("spec", {})["replicas"] = old["spec"]["replicas"]
+                # as server-side apply: a field this manager applied before and leaves out
+                # now is removed unless another manager owns it (replicas then default to 1)
+                entries = old["metadata"].get("managedFields") or []
+                mine = any(e["manager"] == manager and not e.get("subresource") and "spec.replicas" in e["fieldsV1"]
+                           for e in entries)
+                others = any((e["manager"] != manager or e.get("subresource")) and "spec.replicas" in e["fieldsV1"]
+                             for e in entries)
+                new.setdefault("spec", {})["replicas"] = 1 if mine and not others else old["spec"]["replicas"]
             if "status" in old:
                 new["status"] = old["status"]
             new["metadata"]["managedFields"] = old["metadata"].get("managedFields") or []
         # as the API server: generation 1 at creation, +1 for each change of the spec
         before = (old or {}).get("metadata", {}).get("generation", 0)
         new["metadata"]["generation"] = before + (old is None or (old.get("spec") != new.get("spec")))
-        self._stamp(new, manager, "Apply", fields=owned(obj))
+        before_leaves = leaves(old) if old is not None else {}
+        after_leaves = leaves(new)
+        self._stamp(new, manager, "Apply", fields=owned(obj),
+                    shared={f for f in owned(obj) if f in before_leaves and before_leaves[f] == after_leaves.get(f)})
         self.objects[key] = new
         return copy.deepcopy(new)
 
     def apply_replicas(self, kind, namespace, name, replicas):
         self.calls.append(("apply_replicas", kind))
         obj = self.objects[(kind, namespace, name)]
-        if obj["spec"].get("replicas") != replicas:
+        same = obj["spec"].get("replicas") == replicas
+        if not same:
             obj["metadata"]["generation"] = obj["metadata"].get("generation", 0) + 1
         obj["spec"]["replicas"] = replicas
-        self._stamp(obj, REPLICAS_MANAGER, "Apply", fields=["spec.replicas"])
+        self._stamp(obj, REPLICAS_MANAGER, "Apply", fields=["spec.replicas"], shared={"spec.replicas"} if same else set())
         return copy.deepcopy(obj)
 
     def delete(self, kind, namespace, name):

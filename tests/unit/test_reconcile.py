@@ -82,12 +82,32 @@ def test_the_replicas_writer_owns_replicas_and_the_main_apply_never_carries_them
     assert "Created" in events.reasons()
     for role, n in (("prefill", 2), ("decode", 1)):
         assert replicas(cluster, role) == n
-        # created by the main apply, sized by the replicas writer: both own the size for now
-        assert REPLICAS_MANAGER in cluster.owners("StatefulSet", NS, f"svc-{role}", "spec", "replicas")
-    run(kube)  # the pools exist now: the main apply leaves replicas out, and gives them up
-    for role in ("prefill", "decode"):
+        # created at its size by the main apply alone (one request per pool)
+        assert cluster.owners("StatefulSet", NS, f"svc-{role}", "spec", "replicas") == {FIELD_MANAGER}
+    # an edit of the pools: the replicas writer takes the size over before the main
+    # apply leaves it out (server-side apply would drop it: the pools would fall to 1)
+    cluster.apply_service(body(prefill={"replicas": 2}, model={"name": "Qwen/Qwen3-8B", "startupSeconds": 1234}))
+    run(kube)
+    for role, n in (("prefill", 2), ("decode", 1)):
+        assert replicas(cluster, role) == n
         assert "replicas" not in cluster.applied_by("StatefulSet", NS, f"svc-{role}", FIELD_MANAGER)["spec"]
         assert cluster.owners("StatefulSet", NS, f"svc-{role}", "spec", "replicas") == {REPLICAS_MANAGER}
+
+
+def test_an_edit_keeps_an_autoscaled_pools_size_whoever_set_it(cluster, kube):
+    scaled = {"enabled": True, "minReplicas": 2, "maxReplicas": 6}
+    cluster.apply_service(body(prefill={"autoscaling": scaled}, decode={"autoscaling": scaled}))
+    run(kube)
+    kube.apply_replicas("StatefulSet", NS, "svc-decode", 5)  # the autoscaler scales decode; prefill stays at 2
+    cluster.apply_service(body(prefill={"autoscaling": scaled}, decode={"autoscaling": scaled},
+                               model={"name": "Qwen/Qwen3-8B", "startupSeconds": 1234}))
+    seen = len(cluster.calls)
+    run(kube)
+    assert (replicas(cluster, "prefill"), replicas(cluster, "decode")) == (2, 5)
+    patches = [(p, q) for m, p, q in cluster.calls[seen:] if m == "PATCH" and not q.get("dryRun")]
+    # prefill: shared first, then the main apply; decode: the autoscaler owns it already
+    assert [(p.rsplit("/", 1)[1], q["fieldManager"]) for p, q in patches if "/statefulsets/" in p] == [
+        ("svc-prefill", REPLICAS_MANAGER), ("svc-prefill", FIELD_MANAGER), ("svc-decode", FIELD_MANAGER)]
 
 
 def test_spec_replicas_win_over_a_hand_scale(cluster, kube):

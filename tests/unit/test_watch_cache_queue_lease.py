@@ -144,7 +144,9 @@ def test_the_cache_keeps_no_command_lines_but_what_status_and_the_gpu_fit_read()
     container = {"name": "engine", "image": "vllm/vllm-openai:v0.33.0", "command": ["vllm"], "args": ["serve"] * 50,
                  "env": [{"name": "X", "value": "y"}], "resources": {"limits": {"nvidia.com/gpu": "2"}}}
     template = {"metadata": {"labels": {"a": "b"}}, "spec": {"nodeSelector": {"gpu": "h200"}, "containers": [container],
-                                                             "tolerations": [{"key": "gpu", "operator": "Exists"}]}}
+                                                             "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                                                             "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+                                                             "terminationGracePeriodSeconds": 600}}
     sts = {"kind": "StatefulSet", "metadata": {"namespace": NS, "name": "p", "resourceVersion": "1"},
            "spec": {"replicas": 3, "template": template}, "status": {"readyReplicas": 2}}
     pod = {"kind": "Pod", "metadata": {"namespace": NS, "name": "p-0", "resourceVersion": "2", "managedFields": [{}]},
@@ -155,12 +157,27 @@ def test_the_cache_keeps_no_command_lines_but_what_status_and_the_gpu_fit_read()
     kept, kept_pod = cache.get("StatefulSet", NS, "p"), cache.get("Pod", NS, "p-0")
     c = kept["spec"]["template"]["spec"]["containers"][0]
     assert not {"command", "args", "env"} & set(c) and c["resources"] == container["resources"]
-    assert fit.workload_template(kept) == fit.workload_template({**sts, "spec": {**sts["spec"], "template": {
-        **template, "spec": {**template["spec"], "containers": [c]}}}})
+    # the GPU fit reads the same of the cached pool as of the pool
+    nodes = [{"metadata": {"name": f"n{i}", "labels": {"gpu": "h200" if i else "a100"}},
+              "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
+              "status": {"allocatable": {"nvidia.com/gpu": "8"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+             for i in range(3)]
+    free = {"n0": 8, "n1": 5, "n2": 8}
+    for whole in (sts, kept):
+        got_template, size = fit.workload_template(whole)
+        assert fit.template_gpus(got_template, "nvidia.com/gpu") == 2 and size == 1
+        assert fit.room(free, nodes, got_template, "nvidia.com/gpu") == 6
+    assert "volumes" not in kept["spec"]["template"]["spec"]
     assert kept["spec"]["replicas"] == 3 and kept["status"] == sts["status"]
     assert "args" not in kept_pod["spec"]["containers"][0] and "managedFields" not in kept_pod["metadata"]
     assert kept_pod["spec"]["nodeName"] == "n1" and kept_pod["status"] == pod["status"]
     assert sts["spec"]["template"]["spec"]["containers"][0]["args"]  # the object given is left as it was
+    # of the other children, only the metadata (hash annotation, owners, managers)
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": NS, "name": "r", "resourceVersion": "3",
+                                                               "annotations": {"h": "1"}},
+           "spec": {"ports": [{"port": 80}] * 20}, "status": {}}
+    cache.put("Service", svc)
+    assert cache.get("Service", NS, "r") == {k: svc[k] for k in ("apiVersion", "kind", "metadata")}
 
 
 def test_the_echo_of_our_own_write_queues_nothing(monkeypatch):
@@ -203,9 +220,9 @@ def test_prune_reads_the_cache_and_deletes_what_the_spec_no_longer_renders():
 
 def test_a_stale_watch_event_does_not_overwrite_a_newer_write_response():
     cache = Cache()
-    cache.put("Service", {"metadata": {"namespace": NS, "name": "a", "resourceVersion": "20"}, "spec": {"new": 1}})
-    cache.put("Service", {"metadata": {"namespace": NS, "name": "a", "resourceVersion": "19"}, "spec": {"old": 1}})
-    assert cache.get("Service", NS, "a")["spec"] == {"new": 1}
+    cache.put("Deployment", {"metadata": {"namespace": NS, "name": "a", "resourceVersion": "20"}, "spec": {"replicas": 2}})
+    cache.put("Deployment", {"metadata": {"namespace": NS, "name": "a", "resourceVersion": "19"}, "spec": {"replicas": 1}})
+    assert cache.get("Deployment", NS, "a")["spec"] == {"replicas": 2}
 
 
 def test_events_are_read_only_while_a_pool_misses_pods():
@@ -467,3 +484,35 @@ def test_a_standby_with_queued_keys_sleeps_instead_of_spinning():
         assert q.pending() == 0
     finally:
         q.stop()
+
+
+def test_the_cache_selects_a_services_objects_by_index_and_keeps_the_index_true():
+    cache = Cache()
+
+    def pod(name: str, service: str | None, rv: str, **labels) -> dict:
+        lab = {**({"pdserving.io/service": service} if service else {}), **labels}
+        return {"kind": "Pod", "metadata": {"namespace": NS, "name": name, "resourceVersion": rv, "labels": lab}}
+
+    for i in range(50):
+        cache.put("Pod", pod(f"a-{i}", "a" if i % 2 else "b", "1", **{"pdserving.io/role": "decode" if i % 5 else "prefill"}))
+    cache.put("Pod", {"kind": "Pod", "metadata": {"namespace": "elsewhere", "name": "x", "resourceVersion": "1",
+                                                  "labels": {"pdserving.io/service": "a"}}})
+    names = lambda objs: sorted(o["metadata"]["name"] for o in objs)  # noqa: E731
+    assert names(cache.select("Pod", NS, {"pdserving.io/service": "a"})) == sorted(f"a-{i}" for i in range(1, 50, 2))
+    assert names(cache.select("Pod", NS, {"pdserving.io/service": "a", "pdserving.io/role": "prefill"})) == \
+        sorted(f"a-{i}" for i in range(1, 50, 2) if i % 5 == 0)
+    # a relabelled object moves; a removed one goes; an older event changes nothing
+    cache.put("Pod", pod("a-1", "b", "2"))
+    cache.put("Pod", pod("a-3", "a", "0"))
+    cache.remove("Pod", NS, "a-5")
+    got = names(cache.select("Pod", NS, {"pdserving.io/service": "a"}))
+    assert "a-1" not in got and "a-5" not in got and "a-3" in got
+    assert "a-1" in names(cache.select("Pod", NS, {"pdserving.io/service": "b"}))
+    # the same answers as a scan of everything
+    scan = [o for o in cache.select("Pod", None, {}) if o["metadata"]["namespace"] == NS
+            and o["metadata"]["labels"].get("pdserving.io/service") == "b"]
+    assert names(scan) == names(cache.select("Pod", NS, {"pdserving.io/service": "b"}))
+    cache.forget_service(NS, "b")
+    assert cache.select("Pod", NS, {"pdserving.io/service": "b"}) == []
+    assert not [o for o in cache.select("Pod", None, {}) if o["metadata"]["labels"].get("pdserving.io/service") == "b"]
+    assert names(cache.select("Pod", "elsewhere", {"pdserving.io/service": "a"})) == ["x"]

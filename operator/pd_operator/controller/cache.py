@@ -20,6 +20,8 @@ from .kube import FIELD_MANAGER, KINDS, Kube, content_hash
 
 SERVICE_KIND = "PDInferenceService"
 POOL_KINDS = ("StatefulSet", "LeaderWorkerSet")
+# The children whose spec and status the operator reads (status, autoscaler, GPU fit).
+WORKLOAD_KINDS = (*POOL_KINDS, "Deployment")
 POD_KIND = "Pod"
 # A Secret found usable is trusted this long before it is read again (a
 # missing one is read again at every reconcile, so the fix is seen at once).
@@ -63,8 +65,20 @@ def _slim_pod_spec(spec: dict | None) -> dict | None:
     return out
 
 
+# What is read of a workload's pod template: the GPU fit (autoscale/fit.py) reads
+# the containers' resources and the scheduling fields; nothing else.
+_READ_TEMPLATE_FIELDS = ("containers", "initContainers", "nodeSelector", "affinity", "tolerations")
+
+
 def _slim_template(template: dict | None) -> dict | None:
-    return {**template, "spec": _slim_pod_spec(template.get("spec"))} if template else template
+    if not template:
+        return template
+    spec = template.get("spec") or {}
+    kept = {k: spec[k] for k in _READ_TEMPLATE_FIELDS if k in spec}
+    for key in ("containers", "initContainers"):
+        if kept.get(key):
+            kept[key] = [{k: c[k] for k in ("name", "resources") if k in c} for c in kept[key]]
+    return {"metadata": template.get("metadata") or {}, "spec": kept}
 
 
 def _slim_workload(kind: str, spec: dict | None) -> dict | None:
@@ -83,7 +97,9 @@ def _compact(kind: str, obj: dict) -> dict:
     """What the cache keeps of an object: pods without managed fields and without their
     containers' command lines and env (nothing reads them), the operator's children
     with their managers and times but not the field sets, whose fingerprint is kept
-    instead, and the pools' and router's pod templates without command lines and env."""
+    instead, the pools' and router's pod templates cut to what the GPU fit reads,
+    and of the other children (Services, RBAC, policies: read for their hash
+    annotation, owners and managers only) their metadata alone."""
     meta = obj.get("metadata") or {}
     managed = meta.get("managedFields")
     if kind == POD_KIND:
@@ -91,20 +107,44 @@ def _compact(kind: str, obj: dict) -> dict:
                 "spec": _slim_pod_spec(obj.get("spec"))}
     if kind == SERVICE_KIND:
         return obj
-    if kind in ("StatefulSet", "Deployment", "LeaderWorkerSet"):
+    if kind in WORKLOAD_KINDS:
         obj = {**obj, "spec": _slim_workload(kind, obj.get("spec"))}
+    else:  # nothing reads more of the other children than their metadata
+        obj = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
     if not managed:
         return obj
     return {**obj, OUR_FIELDS: fields_fingerprint(managed),
             "metadata": {**meta, "managedFields": [{k: v for k, v in e.items() if k != "fieldsV1"} for e in managed]}}
 
 
+def _service_of(obj: dict | None) -> str | None:
+    return (((obj or {}).get("metadata") or {}).get("labels") or {}).get(LABEL_SERVICE)
+
+
 class Cache:
-    """kind -> (namespace, name) -> object, fed by watch events and write responses."""
+    """kind -> (namespace, name) -> object, fed by watch events and write responses;
+    indexed by the service label, so that what a reconcile selects (its children,
+    its pods) costs the size of that service, not of the fleet."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._objects: dict[str, dict[tuple[str, str], dict]] = {}
+        # kind -> (namespace, service label) -> keys of the objects carrying it
+        self._by_service: dict[str, dict[tuple[str, str], set[tuple[str, str]]]] = {}
+
+    def _index(self, kind: str, key: tuple[str, str], old: dict | None, new: dict | None) -> None:
+        before, after = _service_of(old), _service_of(new)
+        if before == after:
+            return
+        index = self._by_service.setdefault(kind, {})
+        if before is not None:
+            keys = index.get((key[0], before))
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[(key[0], before)]
+        if after is not None:
+            index.setdefault((key[0], after), set()).add(key)
 
     def put(self, kind: str, obj: dict) -> None:
         meta = obj.get("metadata") or {}
@@ -117,10 +157,12 @@ class Cache:
             if old is not None and _rv(old) is not None and _rv(obj) is not None and _rv(obj) < _rv(old):
                 return
             table[key] = obj
+            self._index(kind, key, old, obj)
 
     def remove(self, kind: str, namespace: str, name: str) -> None:
         with self._lock:
-            self._objects.get(kind, {}).pop((namespace, name), None)
+            old = self._objects.get(kind, {}).pop((namespace, name), None)
+            self._index(kind, (namespace, name), old, None)
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         with self._lock:
@@ -132,7 +174,13 @@ class Cache:
 
     def select(self, kind: str, namespace: str | None, selector: dict[str, str]) -> list[dict]:
         with self._lock:
-            objs = list(self._objects.get(kind, {}).items())
+            table = self._objects.get(kind, {})
+            service = selector.get(LABEL_SERVICE)
+            if namespace is not None and service is not None:
+                keys = self._by_service.get(kind, {}).get((namespace, service), ())
+                objs = [(k, table[k]) for k in keys]
+            else:
+                objs = list(table.items())
         return [o for (ns, _), o in objs if namespace in (None, ns)
                 and selector.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
 
@@ -141,9 +189,8 @@ class Cache:
         with self._lock:
             self._objects.get(SERVICE_KIND, {}).pop((namespace, name), None)
             for kind, table in self._objects.items():
-                for key in [k for k, o in table.items() if k[0] == namespace
-                            and ((o.get("metadata") or {}).get("labels") or {}).get(LABEL_SERVICE) == name]:
-                    del table[key]
+                for key in self._by_service.get(kind, {}).pop((namespace, name), ()):
+                    table.pop(key, None)
 
     def size(self) -> int:
         with self._lock:

@@ -230,19 +230,23 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stal
     """Apply a pool's StatefulSet; write its replicas only when they are ours to set.
 
     The main apply never carries replicas once the pool exists, so it cannot
-    undo a scale it did not decide. The replicas writer sets them at creation,
-    when the spec names a size (autoscaling off), and to keep an autoscaled
-    pool within minReplicas..maxReplicas. Returns why the pool was resized, if it was.
+    undo a scale it did not decide. It creates the pool at its initial size (one
+    request); the replicas writer shares the size before the main apply first
+    leaves it out (server-side apply would otherwise drop it, and the pool fall
+    to 1), and sets it when the spec names a size (autoscaling off) and to keep
+    an autoscaled pool within minReplicas..maxReplicas. Returns why the pool was
+    resized, if it was.
     """
     namespace, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
     pool = svc.spec.pool(role)
     service = svc.metadata.name
     if current is None:
-        kube.apply(sts)
-        OWNED.put(namespace, service, kube.apply_replicas(sts["kind"], namespace, name, desired))
+        OWNED.put(namespace, service, kube.apply(sts))
         _applied(sts)
         return None
     if stale:
+        if not _replicas_writer_owns(kube.get(sts["kind"], namespace, name)):
+            kube.apply_replicas(sts["kind"], namespace, name, current)
         OWNED.put(namespace, service, kube.apply(sts))  # rendered without replicas (see _reconcile)
         _applied(sts)
     if desired == current:
@@ -255,6 +259,13 @@ def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stal
         return None
     kube.apply_replicas(sts["kind"], namespace, name, desired)
     return f"{role} pool scaled from {current} to {desired} replicas: {why}" if desired != current else None
+
+
+def _replicas_writer_owns(pool: dict | None) -> bool:
+    """Whether the replicas writer owns the pool's size: it applies nothing else, and a
+    manager that owns no field has no managedFields entry."""
+    return any(e.get("manager") == REPLICAS_MANAGER and not e.get("subresource")
+               for e in ((pool or {}).get("metadata") or {}).get("managedFields") or [])
 
 
 # The hash of the rendering a child was last applied from.
