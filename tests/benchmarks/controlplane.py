@@ -199,7 +199,21 @@ class Children:
         return time.monotonic() - started
 
 
+def wait_for_earlier_runs(kc: str, timeout: float = 1800.0) -> None:
+    """An earlier run's namespaces are deleted in the background (thousands of
+    objects for the garbage collector): measuring while that goes on measures it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [n for n in kubectl(kc, "get", "namespaces", "-o", "name").stdout.split() if n.startswith("namespace/bench-")]
+        if not left:
+            return
+        print(f"waiting for {len(left)} namespace(s) of an earlier run to be deleted", file=sys.stderr, flush=True)
+        time.sleep(10)
+    raise SystemExit("namespaces of an earlier run are still being deleted")
+
+
 def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Path, distinct: bool = False) -> dict:
+    wait_for_earlier_runs(kc)
     ns = f"bench-{n}-{uuid.uuid4().hex[:5]}"
     raw_ns = f"{ns}-raw"
     for name in (ns, raw_ns):
@@ -220,7 +234,9 @@ def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Pat
         create_s = time.monotonic() - started
         create_cpu = delta({**cpu_seconds(), "operator": proc_stats(op.pid)[1]}, c0)
         create_requests = delta(own_requests(port), r0)
-        # the same children, rendered and applied raw
+        # the same children, rendered and applied raw, once the first phase's tail
+        # (pods started, statuses written) is over, so it does not weigh on this one
+        time.sleep(max(10.0, n / 20))
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
             f.write(yaml.safe_dump_all([body(f"s{i}", raw_ns, f"model-{i}" if distinct else None) for i in range(n)]))
             f.flush()
