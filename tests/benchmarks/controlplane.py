@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in (int(x) for x in args.services.split(",")):
                 print(json.dumps(run(kc, n, args.idle, args.edits, children, op_kc, args.distinct)), flush=True)
     finally:
+        # the namespaces go before the cluster stops: a cluster stopped mid-deletion
+        # resumes it at its next start, under whatever runs then (the tests)
+        wait_for_earlier_runs(kc)
         if not was_running and not os.environ.get("PD_KEEP_CLUSTER"):
             cluster.down(name)
     return 0

@@ -119,6 +119,38 @@ def test_creating_a_service_reads_nothing_but_its_two_pools():
     assert sorted(kind for verb, kind in api.calls if verb == "apply-dry-run") == applied and len(applied) >= 10
 
 
+def test_a_service_created_while_this_replica_writes_reads_nothing_at_all(monkeypatch):
+    """Its pools can only be ones this replica wrote (and cached); one listed at start,
+    or added while another replica led, still has its pools asked for."""
+    monkeypatch.setattr(handlers, "reconcile_service", lambda *a, **k: None)
+    body = minimal(engine={"kind": "vllm"})
+
+    def created(name: str, type_: str | None) -> list:
+        api = FakeApi()
+        b = copy.deepcopy(body)
+        b["metadata"] = {"namespace": NS, "name": name, "uid": f"u-{name}", "generation": 1}
+        api.services[(NS, name)] = b
+        handlers.on_service_event({"type": type_, "object": copy.deepcopy(b)})
+        kube = CachedKube(api, handlers.CACHE)
+        reconcile(kube, kube.get_service(NS, name), lambda *a: None)
+        return [c for c in api.calls if c[0] in ("get", "list")]
+
+    try:
+        assert created("new", "ADDED") == []
+        assert created("listed", None) == [("get", "StatefulSet")] * 2  # kopf's initial listing has no type
+        handlers.ACTIVE.clear()  # a standby sees it created; the leader creates its pools
+        assert created("standby", "ADDED") == [("get", "StatefulSet")] * 2
+        handlers.ACTIVE.set()
+        handlers.CACHE.forget_service(NS, "new")
+        handlers.CACHE.mark_born_here(NS, "again")
+        handlers.CACHE.forget_born_here()  # the lead lost: another replica may write its pools
+        assert not handlers.CACHE.born_here(NS, "again") and not handlers.CACHE.born_here(NS, "new")
+    finally:
+        handlers.ACTIVE.set()
+        for name in ("new", "listed", "standby"):
+            handlers.forget_service(NS, name)
+
+
 def test_the_cache_keeps_the_fingerprint_of_our_fields_not_the_field_sets():
     from pd_operator.controller.reconcile import _our_fields
 

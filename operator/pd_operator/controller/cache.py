@@ -131,6 +131,22 @@ class Cache:
         self._objects: dict[str, dict[tuple[str, str], dict]] = {}
         # kind -> (namespace, service label) -> keys of the objects carrying it
         self._by_service: dict[str, dict[tuple[str, str], set[tuple[str, str]]]] = {}
+        # services created while this replica was the writer: every pool of theirs
+        # is one it wrote, and so cached (handlers.on_service_event)
+        self._born_here: set[tuple[str, str]] = set()
+
+    def mark_born_here(self, namespace: str, service: str) -> None:
+        with self._lock:
+            self._born_here.add((namespace, service))
+
+    def born_here(self, namespace: str, service: str) -> bool:
+        with self._lock:
+            return (namespace, service) in self._born_here
+
+    def forget_born_here(self) -> None:
+        """Another replica may write from now on (this one lost the lead)."""
+        with self._lock:
+            self._born_here.clear()
 
     def _index(self, kind: str, key: tuple[str, str], old: dict | None, new: dict | None) -> None:
         before, after = _service_of(old), _service_of(new)
@@ -188,6 +204,7 @@ class Cache:
         """Drop a deleted service and everything labelled as its child."""
         with self._lock:
             self._objects.get(SERVICE_KIND, {}).pop((namespace, name), None)
+            self._born_here.discard((namespace, name))
             for kind, table in self._objects.items():
                 for key in self._by_service.get(kind, {}).pop((namespace, name), ()):
                     table.pop(key, None)
@@ -217,10 +234,14 @@ class CachedKube:
         after the warm-up that fills the cache, and a child wrongly taken for absent
         is only applied again (server-side apply of the same object changes nothing).
         A pool is the exception: taken for absent, it would be created at its initial
-        size over an autoscaled one, so a pool not seen is asked for (once per new pool)."""
+        size over an autoscaled one, so a pool not seen is asked for (once per new pool),
+        unless its service was created while this replica was the writer (then the only
+        writer of its pools, and it caches what it writes)."""
         obj = self.cache.get(kind, namespace, name)
         if obj is not None or kind not in POOL_KINDS:
             return obj
+        if self.cache.born_here(namespace, name.rsplit("-", 1)[0]):
+            return None
         obj = self.kube.get(kind, namespace, name)
         if obj is not None:
             self.cache.put(kind, obj)
