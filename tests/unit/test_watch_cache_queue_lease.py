@@ -45,13 +45,18 @@ def watched(api: FakeApi, cache: Cache) -> None:
         cache.put(SERVICE_KIND, copy.deepcopy(body))
 
 
-def test_an_idle_reconcile_from_the_cache_sends_no_request_at_all():
+def one_service(engine: dict | None = None, **metadata) -> tuple[FakeApi, Cache, CachedKube]:
+    """A fake API server holding one service "svc", its watch cache, and the cached client."""
     api, cache = FakeApi(), Cache()
-    body = minimal(engine={"kind": "vllm", "apiKeySecretRef": {"name": "key", "key": "k"}})
-    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1}
+    body = minimal(engine=engine or {"kind": "vllm"})
+    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1, **metadata}
     api.services[(NS, "svc")] = body
-    kube = CachedKube(api, cache)
     watched(api, cache)
+    return api, cache, CachedKube(api, cache)
+
+
+def test_an_idle_reconcile_from_the_cache_sends_no_request_at_all():
+    api, cache, kube = one_service({"kind": "vllm", "apiKeySecretRef": {"name": "key", "key": "k"}})
     for _ in range(2):  # created; then the status with the pods the StatefulSet controller made
         reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
         watched(api, cache)
@@ -64,12 +69,7 @@ def test_an_idle_reconcile_from_the_cache_sends_no_request_at_all():
 
 
 def test_a_status_write_is_cached_so_the_next_reconcile_does_not_repeat_it():
-    api, cache = FakeApi(), Cache()
-    body = minimal(engine={"kind": "vllm"})
-    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1}
-    api.services[(NS, "svc")] = body
-    watched(api, cache)
-    kube = CachedKube(api, cache)
+    api, cache, kube = one_service()
     reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
     watched(api, cache)  # the children and the pods the StatefulSet controller made
     api.services[(NS, "svc")]["metadata"]["resourceVersion"] = "0"  # the status write's echo comes later
@@ -82,12 +82,7 @@ def test_a_status_write_is_cached_so_the_next_reconcile_does_not_repeat_it():
 def test_a_status_write_never_hides_a_spec_edit_the_watch_has_not_delivered():
     from pd_operator.controller.handlers import _spec_changed
 
-    api, cache = FakeApi(), Cache()
-    body = minimal(engine={"kind": "vllm"})
-    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1, "resourceVersion": "1"}
-    api.services[(NS, "svc")] = body
-    watched(api, cache)
-    kube = CachedKube(api, cache)
+    api, cache, kube = one_service(resourceVersion="1")
     seen = copy.deepcopy(kube.get_service(NS, "svc"))
     api.services[(NS, "svc")]["spec"].setdefault("decode", {})["replicas"] = 3  # an edit, not yet delivered
     api.services[(NS, "svc")]["metadata"]["generation"] = 2
@@ -106,12 +101,7 @@ def test_a_status_write_never_hides_a_spec_edit_the_watch_has_not_delivered():
 def test_creating_a_service_reads_nothing_but_its_two_pools():
     # the children are new: the cache not having them is the answer, except for the pools
     # (one taken for absent would be created at its initial size over an autoscaled one)
-    api, cache = FakeApi(), Cache()
-    body = minimal(engine={"kind": "vllm"})
-    body["metadata"] = {"namespace": NS, "name": "svc", "uid": "u1", "generation": 1}
-    api.services[(NS, "svc")] = body
-    watched(api, cache)
-    kube = CachedKube(api, cache)
+    api, cache, kube = one_service()
     reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
     reads = [c for c in api.calls if c[0] in ("get", "list")]
     assert sorted(set(reads)) == [("get", "StatefulSet")] and len(reads) == 2, reads
