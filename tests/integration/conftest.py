@@ -203,6 +203,27 @@ def free_gpus(core: client.CoreV1Api, resource: str = "nvidia.com/gpu") -> dict[
     free = {n.metadata.name: int(n.status.allocatable.get(resource, 0)) for n in core.list_node().items}
     for pod in core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items:
         if pod.spec.node_name in free:
-            for c in pod.spec.containers:
-                free[pod.spec.node_name] -= int(((c.resources and c.resources.requests) or {}).get(resource, 0))
+            free[pod.spec.node_name] -= _gpus_requested(pod, resource)
     return free
+
+
+def _gpus_requested(pod, resource: str) -> int:
+    return sum(int(((c.resources and c.resources.requests) or {}).get(resource, 0)) for c in pod.spec.containers)
+
+
+def wait_gpus_released(core: client.CoreV1Api, timeout: float = 180, resource: str = "nvidia.com/gpu") -> None:
+    """Wait until no pod left over by an earlier test still holds GPUs: a pod being
+    deleted, or any pod of a namespace being deleted (the namespace controller has
+    not reached it yet). Tests delete their namespaces without waiting, and a pod
+    that drains (preStop, SIGTERM) keeps its GPUs until its process exits: a test
+    that counts free GPUs would otherwise count a cluster that is still emptying."""
+    def leftovers() -> list[str]:
+        going = {ns.metadata.name for ns in core.list_namespace().items if ns.metadata.deletion_timestamp}
+        return [f"{p.metadata.namespace}/{p.metadata.name}"
+                for p in core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+                if (p.metadata.deletion_timestamp or p.metadata.namespace in going) and _gpus_requested(p, resource)]
+    deadline = time.monotonic() + timeout
+    while (left := leftovers()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"GPUs still held after {timeout:.0f}s by pods being deleted: {left[:10]}")
+        time.sleep(1)

@@ -45,7 +45,7 @@ import yaml
 from kubernetes import client
 
 from tests.conftest import prometheus_binary
-from tests.integration.conftest import free_gpus
+from tests.integration.conftest import free_gpus, wait_gpus_released
 from tests.integration.test_e2e_serving import RDMA, SERVED, MODEL, decode_workers, router_py, running_stack  # noqa: F401
 from tests.integration.test_operator import crd  # noqa: F401  (fixture)
 from tests.integration.test_operator import (GROUP, PLURAL, VERSION, condition, create, get_svc, service, wait_for,
@@ -377,6 +377,7 @@ def gpu_filler(core_v1):
     wait_for(lambda: core_v1.read_namespaced_service_account("default", ns), 30, "filler namespace ready")
 
     def fill(spare: int) -> int:
+        wait_gpus_released(core_v1)  # a GPU freed after the fill would be room the test does not expect
         free = free_gpus(core_v1)
         left = sum(free.values()) - spare
         for node, n in sorted(free.items()):

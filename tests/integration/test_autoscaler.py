@@ -17,7 +17,7 @@ from pd_operator.controller.autoscaler import Autoscaler
 from pd_operator.controller.kube import Kube
 from tests.integration.test_operator import operator  # noqa: F401  (fixture)
 from tests.integration.test_operator import crd  # noqa: F401  (fixture)
-from tests.integration.conftest import free_gpus
+from tests.integration.conftest import free_gpus, wait_gpus_released
 from tests.integration.test_operator import GROUP, PLURAL, VERSION, condition, create, get_svc, service, wait_for, wait_ready
 
 pytestmark = pytest.mark.integration
@@ -40,6 +40,7 @@ def round_(scaler, custom_objects, namespace, name):
 
 def test_decisions_are_applied_kept_and_guarded(operator, namespace, custom_objects, apps_v1, api_client, core_v1):
     auto = {"enabled": True, "minReplicas": 1, "maxReplicas": 3}
+    wait_gpus_released(core_v1)  # the scale-up below needs a whole free node
     create(custom_objects, service("auto", namespace,
                                    decode={"replicas": 1, "tensorParallelSize": 8, "autoscaling": auto},
                                    autoscaling={"prometheus": {"url": "http://127.0.0.1:1"}}))

@@ -186,7 +186,10 @@ def test_deepseek_wide_ep_example(wide_nodes, kube_cluster, crd, namespace, tmp_
         leader_uid = next(p.metadata.uid for p in group_pods(core_v1, namespace, dec_lws)
                           if p.metadata.labels.get(WORKER_INDEX) == "0")
         t1 = time.monotonic()
-        core_v1.delete_namespaced_pod(workers[0].metadata.name, namespace, grace_period_seconds=0)
+        # deleted as `kubectl delete pod` does (its grace period): LWS recreates the group
+        # from the pod it sees being deleted (pod_controller.go handleRestartPolicy,
+        # PodDeleted). A grace-0 delete removes the pod at once and LWS may never see it
+        core_v1.delete_namespaced_pod(workers[0].metadata.name, namespace)
         wait_for(lambda: any(p.metadata.labels.get(WORKER_INDEX) == "0" and p.metadata.uid != leader_uid
                              for p in group_pods(core_v1, namespace, dec_lws)), 120, "a new decode leader (group recreated)")
         wait_for(lambda: (ps := group_pods(core_v1, namespace, dec_lws)) and len(ps) == 4 and all(running(p) for p in ps)

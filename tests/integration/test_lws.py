@@ -83,7 +83,9 @@ def test_lws_groups_labels_env_recreate_and_scale(core_v1, custom_objects, names
 
     # a worker deleted by hand takes its group down: the leader is recreated too
     leader_uid = by_index["0"].metadata.uid
-    core_v1.delete_namespaced_pod(by_index["1"].metadata.name, namespace, grace_period_seconds=0)
+    # with a grace period, as kubectl does: LWS acts on the pod it sees being deleted
+    # (handleRestartPolicy, PodDeleted); a grace-0 pod may be gone before it looks
+    core_v1.delete_namespaced_pod(by_index["1"].metadata.name, namespace, grace_period_seconds=2)
     wait("the group recreated (a new leader pod)", lambda: any(
         p.metadata.labels.get("leaderworkerset.sigs.k8s.io/worker-index") == "0" and p.metadata.uid != leader_uid
         and ready(p) for p in group_pods(core_v1, namespace)), timeout=120)
