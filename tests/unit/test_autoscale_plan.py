@@ -6,6 +6,8 @@ the API server's CEL and by pydantic."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -208,3 +210,66 @@ def test_osl_spread_from_the_histogram_lowers_decode_capacity():
     a = estimate_capacity(s, "decode", 2000, 1000, length_bias(narrow))
     b = estimate_capacity(s, "decode", 2000, 1000, length_bias(wide))
     assert b < a
+
+
+# ---- the cost model checked against the engines' measured step time (decode) ----
+
+from pd_operator.autoscale.capacity import replica_cost_model, step_time_ratio  # noqa: E402
+from pd_operator.autoscale.decide import SETTLE_S, Change, History  # noqa: E402
+
+
+def _decode_running(s, speed: float, replicas: int, per_replica: int = 200, isl=2000.0, osl=1000.0):
+    """A decode pool whose engines step ``speed`` x the cost model's time, as Prometheus shows it."""
+    ctx = isl + osl  # osl_bias 2 x OSL (no histogram): E[ctx] = ISL + OSL
+    step = replica_cost_model(s.spec, "decode").decode_uniform_ms(per_replica, int(ctx)) / 1e3 * speed
+    produced = replicas * per_replica / step
+    return Observation(step, produced, mean_isl=isl, mean_osl=osl, running_total=replicas * per_replica,
+                       waiting_total=0.0, mean_itl=step)
+
+
+def test_step_time_ratio_reads_the_engines_speed():
+    s = svc(decode={"autoscaling": AUTO})
+    for speed in (0.8, 1.0, 1.25):
+        obs = _decode_running(s, speed, 4)
+        got = step_time_ratio(s, obs.mean_isl, obs.mean_osl, None, obs.running_total / 4, obs.mean_itl)
+        assert got == pytest.approx(speed, rel=1e-3)
+    assert step_time_ratio(s, 2000.0, 1000.0, None, 0.5, 0.01) is None  # less than one request per engine
+    assert step_time_ratio(s, 2000.0, 1000.0, None, 100.0, None) is None  # no ITL samples
+
+
+def test_faster_engines_than_the_model_lower_the_decode_floor_slower_do_not_raise_it():
+    s = svc(decode={"autoscaling": AUTO})
+    model = replica_cost_model(s.spec, "decode")
+    plans = {}
+    for speed in (0.8, 1.0, 1.3):
+        history, n = History(), 10
+        for t in range(100, 100 + 120 * 30, 30):  # an hour of rounds; the pool follows its decisions
+            # 50k generated tokens/s offered, spread over the pool: each replica runs the batch
+            # whose tokens/s at the engines' true step time carry its share
+            b = next(b for b in range(1, 10_000) if b / (model.decode_uniform_ms(b, 3000) / 1e3 * speed) >= 50_000 / n)
+            step = model.decode_uniform_ms(b, 3000) / 1e3 * speed
+            obs = Observation(step, 50_000.0, mean_isl=2000.0, mean_osl=1000.0, running_total=float(n * b),
+                              waiting_total=0.0, mean_itl=step)
+            out = plan_service(s, {"decode": PoolInput(PoolState(n, n), obs, float(t))}, {"decode": history}, now=float(t))
+            if t == 100:  # one round moves the estimate a tenth of the way from the model
+                assert history.step_ratio == pytest.approx(1 - 0.1 * (1 - min(speed, 1.0)), rel=1e-3)
+            n = out["decode"].replicas
+        plans[speed] = (n, out["decode"].reason, history.step_ratio)
+    (fast, why, ratio), (same, _, one), (slow, why_slow, capped) = plans[0.8], plans[1.0], plans[1.3]
+    assert ratio == pytest.approx(0.8, rel=0.01) and one == pytest.approx(1.0, rel=1e-3) and capped == 1.0
+    assert fast < same, plans
+    assert "step time x 0.80 as measured" in why
+    # a slower reading leaves the model's capacity (the saturation correction and the latency
+    # feedback deal with slower engines)
+    capacity = re.compile(r"capacity [0-9.]+k tok/s/replica \(cost model\)")
+    assert capacity.search(why_slow).group(0) == capacity.search(plans[1.0][1]).group(0)
+
+
+def test_step_time_is_measured_only_on_a_settled_pool():
+    s = svc(decode={"autoscaling": AUTO})
+    obs = _decode_running(s, 0.8, 10)
+    starting = History()
+    plan_service(s, {"decode": PoolInput(PoolState(10, 8, starting=2), obs, 100.0)}, {"decode": starting}, now=100.0)
+    resized = History(changes=[Change(100.0 - SETTLE_S / 2, 9, 10)])
+    plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": resized}, now=100.0)
+    assert starting.step_ratio is None and resized.step_ratio is None

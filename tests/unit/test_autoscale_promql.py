@@ -33,7 +33,12 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
     load = {"waiting_total", "running_total"}  # offered load: always asked (decide's demand)
     assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"} | load
     decode = pool_queries("vllm", "decode", 0.99, secondaries={"kvCacheUsage", "queueDepth"})
-    assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage", "osl_hist"} | load
+    assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage", "osl_hist",
+                           "mean_itl"} | load
+    # the engines' mean step time: the ITL histogram's sum over its count, decode pods only
+    assert decode["mean_itl"].promql == (
+        'sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_sum{pdserving_io_role="decode"}[1m]))'
+        ' / sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_count{pdserving_io_role="decode"}[1m]))')
     for q in decode.values():  # one query per signal for all services
         assert "by (namespace, pdserving_io_service" in q.promql
 

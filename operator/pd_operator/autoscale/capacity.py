@@ -164,10 +164,13 @@ def _memory_fraction(pool: PoolSpec) -> float:
 
 
 def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: float | None,
-                         mean_osl: float | None, osl_bias: float | None = None) -> float | None:
+                         mean_osl: float | None, osl_bias: float | None = None,
+                         step_ratio: float | None = None) -> float | None:
     cost = replica_cost_model(spec, role)
     if cost is None or mean_isl is None or mean_isl <= 0:
         return None
+    if step_ratio and role == "decode":
+        cost = cost.scaled(step_ratio)
     pool = spec.pool(role)
     if role == "prefill":
         per_rank = prefill_tokens_per_s(cost, mean_isl, pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS,
@@ -196,15 +199,41 @@ def _context(mean_isl: float, mean_osl: float, osl_bias: float | None) -> float:
 
 
 def pool_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
-                  mean_osl: float | None, osl_bias: float | None = None) -> Capacity | None:
+                  mean_osl: float | None, osl_bias: float | None = None,
+                  step_ratio: float | None = None) -> Capacity | None:
     """One replica's capacity at the pool's target: ``capacityPerReplica`` when set,
-    else the cost model's estimate at the mean ISL/OSL, else None (feedback only)."""
+    else the cost model's estimate at the mean ISL/OSL (decode: with its step times x
+    ``step_ratio``, the engines' measured speed, :func:`step_time_ratio`), else None
+    (feedback only)."""
     override = svc.spec.pool(role).autoscaling.capacity_per_replica
     if override is not None:
         return Capacity(override, "capacityPerReplica")
-    estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl, osl_bias)
-    return (Capacity(estimate, "cost model", PREFILL_UTILIZATION if role == "prefill" else DECODE_UTILIZATION)
+    estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl, osl_bias, step_ratio)
+    source = "cost model"
+    if step_ratio and role == "decode" and abs(step_ratio - 1) >= 0.005:
+        source = f"cost model, step time x {step_ratio:.2f} as measured"
+    return (Capacity(estimate, source, PREFILL_UTILIZATION if role == "prefill" else DECODE_UTILIZATION)
             if estimate else None)
+
+
+def step_time_ratio(svc: PDInferenceService, mean_isl: float | None, mean_osl: float | None,
+                    osl_bias: float | None, running_per_replica: float | None,
+                    mean_itl: float | None) -> float | None:
+    """The decode engines' step time over the cost model's, as they ran: the observed mean
+    ITL (each generated token is one step after the last) over the model's step at the
+    batch each engine ran (running requests per replica over its engines) and the mean
+    context. 0.8: engines 20 % faster than calibrated. None where the cost model does not
+    apply, or nothing ran."""
+    cost = replica_cost_model(svc.spec, "decode")
+    if (cost is None or not mean_itl or mean_itl <= 0 or not mean_isl or mean_isl <= 0
+            or not mean_osl or mean_osl <= 0 or not running_per_replica):
+        return None
+    _, ranks = pool_cost_model(cost.shape, svc.spec.engine.kind, svc.spec.pool("decode"))
+    batch = running_per_replica / ranks
+    if batch < 1:
+        return None
+    expected = cost.decode_uniform_ms(round(batch), int(_context(mean_isl, mean_osl, osl_bias))) / 1e3
+    return mean_itl / expected
 
 
 def estimate_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
@@ -215,7 +244,7 @@ def estimate_capacity(svc: PDInferenceService, role: str, mean_isl: float | None
 
 
 def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, mean_osl: float | None,
-                  osl_bias: float | None = None) -> float | None:
+                  osl_bias: float | None = None, step_ratio: float | None = None) -> float | None:
     """The pool's latency with no load at all, seconds: the prefill of a mean
     prompt alone (TTFT) or a decode step of one sequence at the mean context
     (ITL), from the cost model; None where the cost model does not apply or
@@ -228,4 +257,4 @@ def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, me
         return cost.prefill_ms(int(mean_isl)) / 1e3
     if not mean_osl or mean_osl <= 0:
         return None
-    return cost.decode_uniform_ms(1, int(_context(mean_isl, mean_osl, osl_bias))) / 1e3
+    return cost.decode_uniform_ms(1, int(_context(mean_isl, mean_osl, osl_bias))) / 1e3 * (step_ratio or 1.0)

@@ -18,7 +18,9 @@ The control law (docs: autoscale/README.md):
 3. A model-based floor when demand is known: ``ceil(demand / capacity)``,
    where ``demand`` is the offered load (plan.py: queue included);
    3b. ``capacity`` corrected online from what a saturated, settled pool
-   produced per replica; 3c. the feedback bounded by twice the floor.
+   produced per replica (and, for decode, from the step time the engines
+   were measured at when faster than the cost model: plan.step_ratio);
+   3c. the feedback bounded by twice the floor.
    where ``capacity`` is what one replica serves at the target (the pool's
    ``capacityPerReplica``, or the calibrated cost model: capacity.py). Scale-up takes the larger of feedback and model;
    scale-down never goes below the model's need.
@@ -132,6 +134,9 @@ class History:
     samples: list[Sample] = field(default_factory=list)
     futile: float | None = None
     saturated_since: float | None = None  # since when the pool has been saturated without a break
+    # decode: the engines' step time over the cost model's, measured on a settled pool and
+    # smoothed (plan.step_ratio); None: not measured yet
+    step_ratio: float | None = None
 
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
@@ -225,6 +230,13 @@ SETTLE_S = 90.0  # the 1-minute rate window plus a scrape after the last resize
 SATURATED_S = 60.0  # saturated this long: the 1-minute rate window holds only saturated time
 
 
+def is_settled(state: PoolState, history: History, now: float) -> bool:
+    """All pods Ready and no resize for SETTLE_S: the 1-minute rate window then covers the
+    pool as it is."""
+    return (state.starting == 0 and state.ready == state.replicas and state.ready > 0
+            and not any(now - c.at < SETTLE_S for c in history.changes))
+
+
 def _futile(state: PoolState, observed: float, target: float, tolerance: float, history: History,
             now: float, demand: float | None = None) -> str | None:
     """Whether the latency feedback has been shown not to help (rule 2b), and why.
@@ -283,8 +295,7 @@ def _corrected_capacity(signal: Signal, state: PoolState, target: float, toleran
         history.saturated_since = None
     elif history.saturated_since is None:
         history.saturated_since = now
-    settled = (state.starting == 0 and state.ready == state.replicas and state.ready > 0
-               and not any(now - c.at < SETTLE_S for c in history.changes))
+    settled = is_settled(state, history, now)
     if settled and signal.produced is not None:
         sample = min(1.0, signal.produced / state.ready / (cap / max(signal.utilization, 1e-9)))
         if saturated and now - history.saturated_since >= SATURATED_S:

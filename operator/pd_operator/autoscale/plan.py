@@ -14,8 +14,8 @@ from typing import Protocol
 
 from ..api.constants import ROLES
 from ..api.models import PDInferenceService, duration_seconds
-from .capacity import Capacity, latency_floor, pool_capacity
-from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, share_budget
+from .capacity import Capacity, latency_floor, pool_capacity, step_time_ratio
+from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, is_settled, share_budget
 from .promql import SECONDARY, Observation
 
 
@@ -33,12 +33,43 @@ class PoolInput:
 QUEUE_DRAIN_S = 60.0
 
 
-def _capacity(svc: PDInferenceService, role: str, inp: PoolInput) -> Capacity | None:
+# Online check of the cost model's decode step time: weight of a new measurement. The
+# engines' speed is a property of the hardware, learned over ~10 settled rounds; a ramp's
+# young streams (a shorter context than the steady-state mean) read faster for a round or two.
+STEP_RATIO_WEIGHT = 0.1
+# A measured step time below half the model's is taken as half: one window cannot double
+# the capacity.
+MIN_STEP_RATIO = 0.5
+
+
+def step_ratio(svc: PDInferenceService, role: str, inp: PoolInput, history: History, now: float) -> float | None:
+    """Decode: the engines' step time over the cost model's (capacity.step_time_ratio),
+    measured on a settled pool only (decide.is_settled: the window then holds the pool as it
+    is), smoothed, and used only when below 1: engines faster than the model have more
+    capacity than it says, and the demand floor may come down to it. A step time above
+    the model's is left to the saturation correction (decide's rule 3b), which reads what
+    a full pool produces and needs no step model: a floor raised on latency alone would
+    also read a passing slowdown as capacity lost for good. The latency feedback still
+    guards the target either way."""
+    obs, state = inp.observation, inp.state
+    if role != "decode" or obs is None:
+        return None
+    if obs.running_total and is_settled(state, history, now):
+        r = step_time_ratio(svc, obs.mean_isl, obs.mean_osl, obs.osl_bias, obs.running_total / state.ready,
+                            obs.mean_itl)
+        if r is not None:
+            r = min(1.0, max(MIN_STEP_RATIO, r))
+            prior = 1.0 if history.step_ratio is None else history.step_ratio  # the model until measured
+            history.step_ratio = (1 - STEP_RATIO_WEIGHT) * prior + STEP_RATIO_WEIGHT * r
+    return history.step_ratio
+
+
+def _capacity(svc: PDInferenceService, role: str, inp: PoolInput, ratio: float | None = None) -> Capacity | None:
     if inp.capacity is not None:
         return Capacity(inp.capacity, "given")
     obs = inp.observation
     return pool_capacity(svc, role, obs.mean_isl if obs else None, obs.mean_osl if obs else None,
-                         obs.osl_bias if obs else None)
+                         obs.osl_bias if obs else None, ratio)
 
 
 def offered_load(role: str, obs: Observation | None) -> float | None:
@@ -74,9 +105,10 @@ def decode_offered_from_prefill(prefill: Observation | None, decode: Observation
     return offered / decode.mean_isl * decode.mean_osl
 
 
-def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float | None = None) -> Signal:
+def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float | None = None,
+            ratio: float | None = None) -> Signal:
     obs = inp.observation
-    capacity = _capacity(svc, role, inp)
+    capacity = _capacity(svc, role, inp, ratio)
     # secondary signals by metric, those with data only
     secondaries = {metric: getattr(obs, name) for metric, (_, name) in SECONDARY.items()
                    if obs is not None and getattr(obs, name) is not None}
@@ -87,7 +119,7 @@ def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float 
         capacity=capacity.per_replica if capacity else None,
         capacity_note=capacity.describe() if capacity else None,
         secondaries=secondaries,
-        floor=latency_floor(svc, role, obs.mean_isl, obs.mean_osl, obs.osl_bias) if obs else None,
+        floor=latency_floor(svc, role, obs.mean_isl, obs.mean_osl, obs.osl_bias, ratio) if obs else None,
         produced=obs.demand if obs else None,
         utilization=capacity.utilization if capacity else 1.0,
         waiting=obs.waiting_total if obs else None,
@@ -127,8 +159,9 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
         upstream = None
         if role == "decode" and "prefill" in inputs:
             upstream = decode_offered_from_prefill(inputs["prefill"].observation, inp.observation)
-        signal = _signal(svc, role, inp, upstream)
-        d = decide(pool.autoscaling, inp.state, signal, histories.setdefault(role, History()), now, interval)
+        history = histories.setdefault(role, History())
+        signal = _signal(svc, role, inp, upstream, step_ratio(svc, role, inp, history, now))
+        d = decide(pool.autoscaling, inp.state, signal, history, now, interval)
         decisions[role] = d
         target = duration_seconds(pool.autoscaling.target.value)
         pressure = (signal.observed / target) if signal.observed is not None else 0.0

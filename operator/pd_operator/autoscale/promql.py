@@ -121,6 +121,16 @@ def mean_length_query(engine: str, name: str, window: str = "1m") -> Query:
                  f"sum by ({BY}) (rate({m[tokens]}{sel}[{window}])) / sum by ({BY}) (rate({m[requests]}_count{sel}[{window}]))")
 
 
+def mean_itl_query(engine: str, window: str = "1m") -> Query:
+    """The decode pods' mean inter-token latency (seconds) over the window, for all services:
+    the ITL histogram's sum over its count. Each generated token is one decode step apart
+    from the last, so this is the engines' mean step time as they run (the online check of
+    the cost model, ``capacity.step_time_ratio``). NaN when idle."""
+    metric, sel = METRICS[engine]["itl"], _sel("decode")
+    return Query((engine, "decode", "mean_itl", 0.0),
+                 f"sum by ({BY}) (rate({metric}_sum{sel}[{window}])) / sum by ({BY}) (rate({metric}_count{sel}[{window}]))")
+
+
 def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:
     """A secondary signal (``queueDepth``, ``kvCacheUsage``): the engine gauge
     averaged over the window and over the pool's pods, for all services."""
@@ -176,6 +186,7 @@ def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
     out.update({name: load_query(engine, role, name, window) for name in LOAD})
     if role == "decode":
         out["osl_hist"] = length_hist_query(engine, window)
+        out["mean_itl"] = mean_itl_query(engine, window)
     out.update({SECONDARY[m][1]: secondary_query(engine, role, m, window) for m in sorted(set(secondaries))})
     return out
 
@@ -198,6 +209,7 @@ class Observation:
     waiting_total: float | None = None  # waiting requests, all pods of the pool
     running_total: float | None = None  # running requests, all pods of the pool
     osl_bias: float | None = None       # E[OSL^2] / E[OSL] from the generated-tokens histogram
+    mean_itl: float | None = None       # mean inter-token latency, seconds (decode pods): the mean step time
 
 
 def _finite(value: float | None) -> float | None:

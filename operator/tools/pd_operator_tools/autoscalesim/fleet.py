@@ -37,7 +37,6 @@ parallelism per pool) and engine limits (``max_num_seqs``,
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import collections
 import heapq
 import itertools
@@ -541,11 +540,7 @@ def slowed(cost: CostModel, factor: float) -> CostModel:
     """``cost`` with every step-time term multiplied by ``factor`` (1.2: engines 20 % slower
     than the cost model, 0.8: 20 % faster); memory and transfers unchanged. The benchmark's
     stress traces give this to the simulated fleet only: the policies keep the cost model."""
-    if factor == 1.0:
-        return cost
-    e = cost.eff
-    eff = dataclasses.replace(e, **{f.name: getattr(e, f.name) * factor for f in dataclasses.fields(e)})
-    return dataclasses.replace(cost, eff=eff)
+    return cost.scaled(factor)
 
 
 def _merge(a: PromHist, b: PromHist) -> PromHist:
