@@ -46,6 +46,19 @@ def test_model_floor_raises_the_feedback():
     assert d.replicas == 6 and d.recommendation == 6 and "demand needs 6" in d.reason
 
 
+def test_demand_within_tolerance_of_the_current_size_keeps_it():
+    # 10 replicas carry 60k at 6k each: 61.2k (+2 %, a noisy 1-minute rate) keeps 10 where
+    # ceil(61.2k / 6k) = 11 would add a replica; 67k (+12 %) and 52k (-13 %) are outside the band
+    def floor(demand, replicas=10):
+        return decide(prefill(max_replicas=20), PoolState(replicas=replicas, ready=replicas),
+                      sig(0.5, demand=demand, capacity=6000), History(), now=1000.0)
+    kept = floor(61_200)
+    assert kept.recommendation == 10 and "demand within 10% of what 10 carry" in kept.reason
+    assert floor(67_000).recommendation == 12 and "demand needs 12" in floor(67_000).reason
+    assert floor(52_000).recommendation == 9
+    assert floor(61_200, replicas=4).recommendation == 11  # far from what 4 carry: sized at once
+
+
 def test_scale_up_rate_limit_is_hpas_default():
     # from 10, the model wants 30: HPA's default allows max(+100%, +4 pods) per 15 s
     h = History()

@@ -348,10 +348,15 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     futile = (_futile(state, signal.observed, target, policy.tolerance, history, now, signal.demand)
               if policy.target.metric == "ttft" else None)
     capacity, corrected = _corrected_capacity(signal, state, target, policy.tolerance, history, now)
-    model = None
+    model, needs = None, "needs"
     if signal.demand is not None and capacity:
         # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
         model = math.ceil(signal.demand / capacity) if signal.demand > 0 else policy.min_replicas
+        # HPA's tolerance on this signal too: a demand within it of what the current size carries
+        # keeps that size (the 1-minute rate's noise would add and remove a replica at a boundary)
+        if (model != state.replicas and state.replicas > 0 and signal.demand > 0
+                and abs(signal.demand / (state.replicas * capacity) - 1) <= policy.tolerance):
+            model, needs = state.replicas, f"within {policy.tolerance:.0%} of what"
     candidates = []
     if futile and model is not None:
         # 2b: the latency is not one replicas lower; the demand floor sizes the pool
@@ -373,8 +378,8 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         candidates.append((rec, policy.target.metric))
     if model is not None:
         candidates.append((model, "demand"))
-        clauses.append(f"demand needs {model}" + (f" at {signal.capacity_note}" if signal.capacity_note else "")
-                       + corrected)
+        clauses.append(f"demand {needs} {model}" + (" carry" if needs != "needs" else "")
+                       + (f" at {signal.capacity_note}" if signal.capacity_note else "") + corrected)
     for t in policy.secondary_targets:
         observed = signal.secondaries.get(t.metric)
         if observed is None:
