@@ -98,6 +98,11 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
     assert busy.mean_isl == pytest.approx(isl, rel=0.02) == prefill[("team-a", "busy")].mean_isl
     assert busy.mean_osl == pytest.approx(osl, rel=0.02) and 64 <= busy.mean_osl <= 71
     assert prefill[("team-a", "busy")].mean_osl is None  # prefill capacity needs no OSL: not queried
+    # the engines' mean step time (the cost model's online check): the ITL histogram's sum over count
+    itl = (metric(text, f"{kind}:inter_token_latency_seconds_sum")
+           / metric(text, f"{kind}:inter_token_latency_seconds_count"))
+    assert busy.mean_itl == pytest.approx(itl, rel=0.02) and 0 < busy.mean_itl < 0.05
+    assert idle.mean_itl is None and prefill[("team-a", "busy")].mean_itl is None
     assert busy.queue > 0 and busy.kv_usage > 0
     assert (idle.mean_isl, idle.mean_osl, idle.queue, idle.kv_usage) == (None, None, 0.0, 0.0)
     # offered load (issue 14): the pool's waiting and running requests, summed over its pods
