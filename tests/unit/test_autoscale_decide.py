@@ -351,3 +351,47 @@ def test_futility_waits_until_the_latency_window_holds_only_the_bigger_pool():
     d = decide(prefill(max_replicas=32), PoolState(replicas=2, ready=2),
                replace(sig(2.0, demand=40, capacity=40), waiting=8), h, now=1000.0)
     assert h.futile is None and "did not lower it" not in d.reason and d.recommendation >= 3
+
+
+# ---- rule 3d: a rising demand is sized for when the pods ordered now will serve ----
+
+def _ramp(history, demands, replicas=10, start=1000.0, step=30.0, capacity=6000.0, tolerance=0.1):
+    """Rounds with these demands, 30 s apart, at a fixed size; the last decision."""
+    d = None
+    for i, demand in enumerate(demands):
+        d = decide(prefill(max_replicas=40, tolerance=tolerance), PoolState(replicas=replicas, ready=replicas),
+                   sig(0.5, at=start + i * step, demand=demand, capacity=capacity), history, now=start + i * step)
+    return d
+
+
+def test_the_demand_slope_is_a_least_squares_fit():
+    h = History(demands=[(0.0, 100.0), (30.0, 130.0), (60.0, 160.0), (90.0, 190.0)])
+    assert h.demand_slope() == 1.0
+    assert History(demands=[(0.0, 100.0), (30.0, 130.0)]).demand_slope() is None  # too few, too short
+
+
+def test_a_rising_demand_is_extrapolated_over_the_observed_start():
+    h = History(start_seconds=120.0)
+    d = _ramp(h, [54_000, 57_000, 60_000, 63_000, 66_000, 69_000, 72_000])  # +6k/min, 33 % in 3 min
+    # 72k now, rising 100/s: 72k + 100 x (120 s start + 30 s interval) = 87k -> 15 replicas of 6k
+    assert d.recommendation == 15 and "rising 6e+03/min: 8.7e+04 in 150s" in d.reason
+
+
+def test_noise_a_falling_demand_or_an_unknown_start_are_not_extrapolated():
+    noise = _ramp(History(start_seconds=120.0), [60_000, 59_000, 61_000, 60_500, 61_500, 62_000, 62_500])
+    assert "rising" not in noise.reason  # +4 % over the window: inside the tolerance
+    falling = _ramp(History(start_seconds=120.0), [68_000, 65_000, 62_000, 59_000, 56_000, 53_000, 50_000])
+    assert "rising" not in falling.reason and falling.recommendation == 9
+    unknown = _ramp(History(), [54_000, 57_000, 60_000, 63_000, 66_000, 69_000, 72_000])
+    assert "rising" not in unknown.reason and unknown.recommendation == 12
+
+
+def test_the_start_time_is_observed_from_a_scale_up_to_its_pods_ready():
+    h = History()
+    pol = prefill(max_replicas=40)
+    decide(pol, PoolState(replicas=2, ready=2), sig(0.5, at=1000.0, demand=30_000, capacity=6000), h, now=1000.0)
+    assert h.scaled_up == (1000.0, 5) and h.start_seconds is None  # 2 -> 5 ordered
+    decide(pol, PoolState(replicas=5, ready=3, starting=2), sig(0.5, at=1060.0, demand=30_000, capacity=6000), h, now=1060.0)
+    assert h.start_seconds is None  # not all Ready yet
+    decide(pol, PoolState(replicas=5, ready=5), sig(0.5, at=1150.0, demand=30_000, capacity=6000), h, now=1150.0)
+    assert h.start_seconds == 150.0 and h.scaled_up is None

@@ -45,6 +45,7 @@ def test_budget_counts_fixed_pool_and_cuts_with_reason():
     # 6 prefill GPUs fixed; 8 left for decode at 2 GPUs each -> 4 replicas
     assert out["decode"].replicas == 4 and "maxTotalGPUs=14" in out["decode"].reason
     assert histories["decode"].changes[-1].after == 4
+    assert histories["decode"].scaled_up == (100.0, 4)  # the start time is awaited for the size granted
 
 
 def test_missing_observation_holds():
@@ -272,4 +273,10 @@ def test_step_time_is_measured_only_on_a_settled_pool():
     plan_service(s, {"decode": PoolInput(PoolState(10, 8, starting=2), obs, 100.0)}, {"decode": starting}, now=100.0)
     resized = History(changes=[Change(100.0 - SETTLE_S / 2, 9, 10)])
     plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": resized}, now=100.0)
-    assert starting.step_ratio is None and resized.step_ratio is None
+    # a rising demand: young streams step faster than the model at the steady-state context
+    ramp = History(demands=[(100.0 - 150 + 30 * i, obs.demand * (0.7 + 0.06 * i)) for i in range(5)])
+    plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": ramp}, now=100.0)
+    settled = History()
+    plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": settled}, now=100.0)
+    assert starting.step_ratio is None and resized.step_ratio is None and ramp.step_ratio is None
+    assert settled.step_ratio == pytest.approx(0.98)  # a tenth of the way from 1 to 0.8

@@ -20,7 +20,9 @@ The control law (docs: autoscale/README.md):
    3b. ``capacity`` corrected online from what a saturated, settled pool
    produced per replica (and, for decode, from the step time the engines
    were measured at when faster than the cost model: plan.step_ratio);
-   3c. the feedback bounded by twice the floor.
+   3c. the feedback bounded by twice the floor; 3d. a demand rising by more
+   than the tolerance over 3 minutes extrapolated over the pool's observed
+   start time (the floor is for when the pods ordered now serve).
    where ``capacity`` is what one replica serves at the target (the pool's
    ``capacityPerReplica``, or the calibrated cost model: capacity.py). Scale-up takes the larger of feedback and model;
    scale-down never goes below the model's need.
@@ -137,11 +139,28 @@ class History:
     # decode: the engines' step time over the cost model's, measured on a settled pool and
     # smoothed (plan.step_ratio); None: not measured yet
     step_ratio: float | None = None
+    # the offered demand of the last TREND_S (rule 3d), (at, demand)
+    demands: list[tuple[float, float]] = field(default_factory=list)
+    # seconds from a scale-up to its pods Ready, as last observed (rule 3d); None: not yet
+    start_seconds: float | None = None
+    scaled_up: tuple[float, int] | None = None  # (when, to how many) of the scale-up awaited, for start_seconds
 
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
         self.changes = [c for c in self.changes if now - c.at <= keep_seconds]
         self.samples = [x for x in self.samples if now - x.at <= FUTILITY_MEMORY_S]
+        self.demands = [x for x in self.demands if now - x[0] <= TREND_S]
+
+    def demand_slope(self) -> float | None:
+        """Least-squares slope of the demand over the last TREND_S (per second); None with fewer
+        than 3 samples or a span under TREND_MIN_SPAN_S."""
+        pts = self.demands
+        if len(pts) < 3 or pts[-1][0] - pts[0][0] < TREND_MIN_SPAN_S:
+            return None
+        mt = sum(t for t, _ in pts) / len(pts)
+        md = sum(d for _, d in pts) / len(pts)
+        var = sum((t - mt) ** 2 for t, _ in pts)
+        return sum((t - mt) * (d - md) for t, d in pts) / var if var > 0 else None
 
 
 @dataclass(frozen=True)
@@ -224,6 +243,10 @@ FUTILITY_MEMORY_S = 900.0
 # The latency feedback is bounded by this multiple of the demand floor (rule 3c): a backlog's
 # latency (a queue of minutes) is not proportional to the replicas that clear it.
 FEEDBACK_CAP = 2.0
+# Demand trend (rule 3d): the window its slope is fitted over, and the least span it needs
+# (a slope from two noisy 1-minute rates a round apart would be noise).
+TREND_S = 180.0
+TREND_MIN_SPAN_S = 60.0
 # Online capacity correction (rule 3b): weight of a new saturated sample.
 CORRECTION_WEIGHT = 0.5
 SETTLE_S = 90.0  # the 1-minute rate window plus a scrape after the last resize
@@ -333,8 +356,34 @@ def _feedback(observed: float, target: float, current: int, ready: int, toleranc
     return math.ceil(max(ready, 1) * scale), "above" if ratio > 1 else "below"
 
 
+def rising(history: History, demand: float | None, tolerance: float) -> float | None:
+    """The demand's slope (per second) when it rose by more than ``tolerance`` of the demand
+    over the last TREND_S (less is the 1-minute rate's noise: HPA's tolerance, on the trend);
+    None otherwise."""
+    slope = history.demand_slope()
+    if slope is None or not demand or demand <= 0 or slope * TREND_S <= tolerance * demand:
+        return None
+    return slope
+
+
+def _expected_demand(demand: float, history: History, now: float, interval: float,
+                     tolerance: float) -> tuple[float, str]:
+    """Rule 3d: the demand when pods ordered now will serve. Records the sample; a rising
+    trend (:func:`rising`) is extrapolated over the pool's observed start time plus one
+    interval (the next decision); a falling one is not (no scale-down on a forecast).
+    Without an observed start (no scale-up has completed yet): the demand as it is."""
+    history.demands.append((now, demand))
+    history.demands = [x for x in history.demands if now - x[0] <= TREND_S]
+    slope = rising(history, demand, tolerance)
+    if slope is None or history.start_seconds is None:
+        return demand, ""
+    lead = history.start_seconds + interval
+    expected = demand + slope * lead
+    return expected, f" (rising {slope * 60:.3g}/min: {expected:.3g} in {lead:.0f}s, when pods ordered now serve)"
+
+
 def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: History,
-               now: float) -> tuple[int, str]:
+               now: float, interval: float = 30.0) -> tuple[int, str]:
     """The pool's recommendation and its reason: the largest of the latency
     feedback (unless shown futile), the demand floor (offered load over the
     corrected capacity) and the secondary signals with data."""
@@ -348,14 +397,15 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     futile = (_futile(state, signal.observed, target, policy.tolerance, history, now, signal.demand)
               if policy.target.metric == "ttft" else None)
     capacity, corrected = _corrected_capacity(signal, state, target, policy.tolerance, history, now)
-    model, needs = None, "needs"
+    model, needs, trend = None, "needs", ""
     if signal.demand is not None and capacity:
+        demand, trend = _expected_demand(signal.demand, history, now, interval, policy.tolerance)
         # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
-        model = math.ceil(signal.demand / capacity) if signal.demand > 0 else policy.min_replicas
+        model = math.ceil(demand / capacity) if demand > 0 else policy.min_replicas
         # HPA's tolerance on this signal too: a demand within it of what the current size carries
         # keeps that size (the 1-minute rate's noise would add and remove a replica at a boundary)
-        if (model != state.replicas and state.replicas > 0 and signal.demand > 0
-                and abs(signal.demand / (state.replicas * capacity) - 1) <= policy.tolerance):
+        if (model != state.replicas and state.replicas > 0 and demand > 0
+                and abs(demand / (state.replicas * capacity) - 1) <= policy.tolerance):
             model, needs = state.replicas, f"within {policy.tolerance:.0%} of what"
     candidates = []
     if futile and model is not None:
@@ -378,7 +428,7 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         candidates.append((rec, policy.target.metric))
     if model is not None:
         candidates.append((model, "demand"))
-        clauses.append(f"demand {needs} {model}" + (" carry" if needs != "needs" else "")
+        clauses.append(f"demand{trend} {needs} {model}" + (" carry" if needs != "needs" else "")
                        + (f" at {signal.capacity_note}" if signal.capacity_note else "") + corrected)
     for t in policy.secondary_targets:
         observed = signal.secondaries.get(t.metric)
@@ -408,8 +458,14 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
         age = now - signal.observed_at
         return Decision(max(lo, min(current, hi)), f"latency data is {age:.0f}s old (> {stale_after:.0f}s): holding", False, current)
 
+    # 3d: how long a scale-up takes to serve (all pods Ready), the demand trend's lead
+    if (history.scaled_up is not None and state.starting == 0 and state.replicas >= history.scaled_up[1]
+            and 0 < state.replicas <= state.ready):
+        history.start_seconds = now - history.scaled_up[0]
+        history.scaled_up = None
+
     # 2./3. recommendation: the largest of the signals'
-    rec, why = _recommend(policy, state, signal, history, now)
+    rec, why = _recommend(policy, state, signal, history, now, interval_seconds)
     rec = max(lo, min(rec, hi))
 
     # 5. HPA behaviour: stabilization windows, rate limits
@@ -429,6 +485,8 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     desired = max(lo, min(desired, hi))
     if desired != current:
         history.changes.append(Change(now, current, desired))
+    if desired > current:
+        history.scaled_up = (now, desired)
         why = f"{current} -> {desired}: " + why
     history.prune(now, max(up_rules.stabilization_window_seconds or 0,
                            down_rules.stabilization_window_seconds or 0, 1800) + interval_seconds)

@@ -15,7 +15,7 @@ from typing import Protocol
 from ..api.constants import ROLES
 from ..api.models import PDInferenceService, duration_seconds
 from .capacity import Capacity, latency_floor, pool_capacity, step_time_ratio
-from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, is_settled, share_budget
+from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, is_settled, rising, share_budget
 from .promql import SECONDARY, Observation
 
 
@@ -54,7 +54,10 @@ def step_ratio(svc: PDInferenceService, role: str, inp: PoolInput, history: Hist
     obs, state = inp.observation, inp.state
     if role != "decode" or obs is None:
         return None
-    if obs.running_total and is_settled(state, history, now):
+    # not on a rising demand: young streams (a context shorter than the steady-state mean)
+    # step faster than the model there, and would read as faster engines
+    ramp = rising(history, obs.demand, svc.spec.pool(role).autoscaling.tolerance)
+    if obs.running_total and is_settled(state, history, now) and ramp is None:
         r = step_time_ratio(svc, obs.mean_isl, obs.mean_osl, obs.osl_bias, obs.running_total / state.ready,
                             obs.mean_itl)
         if r is not None:
@@ -205,3 +208,5 @@ def _amend_last_change(history: History, now: float, before: int, after: int) ->
         history.changes.pop()
     if after != before:
         history.changes.append(Change(now, before, after))
+    if history.scaled_up is not None and history.scaled_up[0] == now:
+        history.scaled_up = (now, after) if after > before else None
