@@ -395,3 +395,14 @@ def test_the_start_time_is_observed_from_a_scale_up_to_its_pods_ready():
     assert h.start_seconds is None  # not all Ready yet
     decide(pol, PoolState(replicas=5, ready=5), sig(0.5, at=1150.0, demand=30_000, capacity=6000), h, now=1150.0)
     assert h.start_seconds == 150.0 and h.scaled_up is None
+
+
+def test_a_forecast_raises_the_floor_not_the_feedback_bound():
+    # TTFT 3x over target (feedback 30) on a ramp: the floor follows the forecast (15), the
+    # feedback stays bounded by 2x what the demand needs now (2 x 12 = 24), not 2 x 15
+    h = History(start_seconds=120.0)
+    d = None
+    for i, demand in enumerate([54_000, 57_000, 60_000, 63_000, 66_000, 69_000, 72_000]):
+        d = decide(prefill(max_replicas=40), PoolState(replicas=10, ready=10),
+                   sig(3.0, at=1000.0 + 30 * i, demand=demand, capacity=6000), h, now=1000.0 + 30 * i)
+    assert d.recommendation == 24 and "feedback 30 bounded by 2x" in d.reason and "needs 15" in d.reason

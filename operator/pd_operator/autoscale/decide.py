@@ -400,6 +400,7 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     model, needs, trend = None, "needs", ""
     if signal.demand is not None and capacity:
         demand, trend = _expected_demand(signal.demand, history, now, interval, policy.tolerance)
+        now_need = math.ceil(signal.demand / capacity) if signal.demand > 0 else policy.min_replicas
         # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
         model = math.ceil(demand / capacity) if demand > 0 else policy.min_replicas
         # HPA's tolerance on this signal too: a demand within it of what the current size carries
@@ -419,7 +420,10 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         # A stray request in the queue is not that: a TTFT window still holding a burst
         # that has cleared, or a TTFT inflated by the wait for a decode slot, leaves the
         # bound in place.
-        bound = math.ceil(FEEDBACK_CAP * model) if model is not None else None
+        # On the demand now, not its extrapolation (3d): a forecast raises the floor, it does not
+        # widen what the latency feedback may add (found by long-prompts: prefill, whose TTFT
+        # p99 stays above target whatever its size, grew with the forecast to 1.46x the oracle).
+        bound = math.ceil(FEEDBACK_CAP * now_need) if model is not None else None
         queued = (signal.waiting or 0) >= max(state.ready, 1)
         floor = state.replicas + (1 if stands == "above" and queued else 0)
         if bound is not None and rec > max(bound, floor):
