@@ -56,6 +56,9 @@ def test_demand_within_tolerance_of_the_current_size_keeps_it():
     assert kept.recommendation == 10 and "demand within 10% of what 10 carry" in kept.reason
     assert floor(67_000).recommendation == 12 and "demand needs 12" in floor(67_000).reason
     assert floor(52_000).recommendation == 9
+    down = decide(prefill(max_replicas=20, behavior={"scale_down": {"stabilization_window_seconds": 0}}),
+                  PoolState(replicas=10, ready=10), sig(0.5, demand=40_000, capacity=6000), History(), now=1000.0)
+    assert down.replicas == 7 and down.reason.startswith("10 -> 7: ")
     assert floor(61_200, replicas=4).recommendation == 11  # far from what 4 carry: sized at once
 
 

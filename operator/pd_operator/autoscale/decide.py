@@ -489,9 +489,9 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     desired = max(lo, min(desired, hi))
     if desired != current:
         history.changes.append(Change(now, current, desired))
+        why = f"{current} -> {desired}: " + why
     if desired > current:
         history.scaled_up = (now, desired)
-        why = f"{current} -> {desired}: " + why
     history.prune(now, max(up_rules.stabilization_window_seconds or 0,
                            down_rules.stabilization_window_seconds or 0, 1800) + interval_seconds)
     return Decision(desired, why, True, rec)
