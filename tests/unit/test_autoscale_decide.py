@@ -409,3 +409,14 @@ def test_a_forecast_raises_the_floor_not_the_feedback_bound():
         d = decide(prefill(max_replicas=40), PoolState(replicas=10, ready=10),
                    sig(3.0, at=1000.0 + 30 * i, demand=demand, capacity=6000), h, now=1000.0 + 30 * i)
     assert d.recommendation == 24 and "feedback 30 bounded by 2x" in d.reason and "needs 15" in d.reason
+
+
+def test_a_step_seen_through_the_rate_window_is_not_a_trend():
+    # 0.5k -> 16k at once: the 1-minute rate climbs for a minute, then stays; no round of it
+    # reads as a trend (it would be extrapolated past 16k, which one more minute shows flat)
+    h = History(start_seconds=60.0)
+    rate = [500.0] * 24 + [500 + 15_500 * min(1.0, k / 12) for k in range(1, 40)]  # 5-s rounds
+    for i, demand in enumerate(rate):
+        d = decide(prefill(max_replicas=40), PoolState(replicas=1, ready=1),
+                   sig(0.5, at=1000.0 + 5 * i, demand=demand, capacity=27_500), h, now=1000.0 + 5 * i)
+        assert "rising" not in d.reason and d.recommendation == 1, (i, d.reason)
