@@ -240,3 +240,27 @@ def test_a_counter_on_a_pod_started_within_the_window_counts_whole(tmp_path):
         procs.stop()
         for e in (old, new):
             e.close()
+
+
+def test_a_pod_ip_reused_within_the_window_does_not_break_the_diagnosis(tmp_path):
+    # A new pod gets the IP of one that just went: within the window, two `up` series share
+    # instance and job and differ by `pod` (seen in CI: kwok reuses a loopback IP in
+    # seconds). Joined on (instance, job) alone Prometheus refuses the whole query (422
+    # "found duplicate series for the match group"), and with it every service's diagnosis.
+    # Two targets on one address, differing by pod, give Prometheus the same two series.
+    def router(_scrape: int, _elapsed: float) -> dict[str, float]:
+        return {'smg_worker_errors_total{worker_type="decode",connection_mode="http",error_type="backend_error"}': 5.0}
+
+    procs, exporter = Procs(), Exporter(router)
+    labels = lambda pod: {"namespace": "a", "pdserving_io_service": "svc", "pdserving_io_role": "router", "pod": pod}  # noqa: E731
+    try:
+        url = start_prometheus(procs, tmp_path, {"router": [(exporter.host, exporter.port, labels("router-old")),
+                                                            (exporter.host, exporter.port, labels("router-new"))]})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and exporter.scrapes < 8:
+            time.sleep(0.5)
+        got = PrometheusSignals(url).diagnosis("sglang", "sglang-router", window="30s")
+        assert got[("a", "svc")].worker_errors == 0.0, got.get(("a", "svc"))  # a flat counter: no errors
+    finally:
+        procs.stop()
+        exporter.close()

@@ -121,10 +121,15 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
     #   scrape offsets within an interval make counts differ by at most one), so none is
     #   young and a counter there at the first scrape counts only its increase.
     # A job with a single target has no young target.
-    born = f"count_over_time({{m}}[{window}]) < on (instance, job) group_left count_over_time(up[{window}])"
+    # A target is (instance, job, pod): a pod IP is reused by a new pod within the window
+    # (kwok does it in seconds, CNI IPAM too), and matched on (instance, job) alone the
+    # two pods' `up` series make the join many-to-many and Prometheus refuses the whole
+    # query (422 "found duplicate series for the match group"; seen in CI). The scrape job
+    # (manifests/prometheus/scrape-engines.yaml) puts the pod name in `pod`.
+    born = f"count_over_time({{m}}[{window}]) < on (instance, job, pod) group_left count_over_time(up[{window}])"
     young = (f"count_over_time(up[{window}]) < on (job) group_left() "
              f"(max by (job) (count_over_time(up[{window}])) - 1)")
-    inc = (f"sum by ({BY}) (({{m}} and ({born})) or ({{m}} and on (instance, job) ({young})) "
+    inc = (f"sum by ({BY}) (({{m}} and ({born})) or ({{m}} and on (instance, job, pod) ({young})) "
            f"or increase({{m}}[{window}]))")
     q = {
         # workers the router holds unhealthy / healthy / all (max over the router's replicas)
