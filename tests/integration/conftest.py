@@ -70,12 +70,39 @@ def kube_cluster():
         return
     was_running = mod.is_running(TEST_CLUSTER)
     kc = str(mod.up(TEST_CLUSTER))
+    clear_leftovers(kc)
     try:
         yield Cluster(kubeconfig=kc, local=True)
     finally:
         if not was_running and not os.environ.get("PD_KEEP_CLUSTER"):
             _wait_test_namespaces_gone(kc)
             mod.down(TEST_CLUSTER)
+
+
+def clear_leftovers(kubeconfig: str, timeout: float = 180.0) -> None:
+    """A test session killed midway leaves its namespaces in the cluster's etcd, and a warm
+    start brings them back with pods bound to nodes: every later test would count the GPUs
+    they hold (seen: "the free GPUs fit 0 more" in test_autoscaler after a killed run).
+    Delete them before any test: the namespace first (nothing new can be created in it),
+    then its pods at once (grace 0: no process runs them any more, so nothing drains), and
+    wait until they are gone."""
+    api = config.new_client_from_config(config_file=kubeconfig)
+    deadline = time.monotonic() + timeout
+    with api:
+        core = client.CoreV1Api(api)
+        while left := core.list_namespace(label_selector="pdserving.io/test=integration").items:
+            assert time.monotonic() < deadline, f"leftover test namespaces not gone: {[n.metadata.name for n in left]}"
+            for ns in left:
+                name = ns.metadata.name
+                try:
+                    if ns.metadata.deletion_timestamp is None:
+                        core.delete_namespace(name, propagation_policy="Background")
+                    for pod in core.list_namespaced_pod(name).items:
+                        core.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+            time.sleep(1)
 
 
 def _wait_test_namespaces_gone(kubeconfig: str, timeout: float = 60.0) -> None:
@@ -209,6 +236,16 @@ def free_gpus(core: client.CoreV1Api, resource: str = "nvidia.com/gpu") -> dict[
 
 def _gpus_requested(pod, resource: str) -> int:
     return sum(int(((c.resources and c.resources.requests) or {}).get(resource, 0)) for c in pod.spec.containers)
+
+
+def gpu_holders(core: client.CoreV1Api, resource: str = "nvidia.com/gpu") -> list[str]:
+    """Every unfinished pod that requests GPUs: namespace/name, node, GPUs, and whether it or
+    its namespace is being deleted (for a failure message)."""
+    going = {ns.metadata.name for ns in core.list_namespace().items if ns.metadata.deletion_timestamp}
+    return [f"{p.metadata.namespace}/{p.metadata.name} on {p.spec.node_name}: {_gpus_requested(p, resource)}"
+            + (" (being deleted)" if p.metadata.deletion_timestamp or p.metadata.namespace in going else "")
+            for p in core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+            if _gpus_requested(p, resource)]
 
 
 def wait_gpus_released(core: client.CoreV1Api, timeout: float = 180, resource: str = "nvidia.com/gpu") -> None:

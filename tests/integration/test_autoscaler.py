@@ -17,7 +17,7 @@ from pd_operator.controller.autoscaler import Autoscaler
 from pd_operator.controller.kube import Kube
 from tests.integration.test_operator import operator  # noqa: F401  (fixture)
 from tests.integration.test_operator import crd  # noqa: F401  (fixture)
-from tests.integration.conftest import free_gpus, wait_gpus_released
+from tests.integration.conftest import free_gpus, gpu_holders, wait_gpus_released
 from tests.integration.test_operator import GROUP, PLURAL, VERSION, condition, create, get_svc, service, wait_for, wait_ready
 
 pytestmark = pytest.mark.integration
@@ -45,6 +45,12 @@ def test_decisions_are_applied_kept_and_guarded(operator, namespace, custom_obje
                                    decode={"replicas": 1, "tensorParallelSize": 8, "autoscaling": auto},
                                    autoscaling={"prometheus": {"url": "http://127.0.0.1:1"}}))
     wait_ready(custom_objects, namespace, "auto")
+    # the first scale-up needs a whole free node besides the service's own pods; say who
+    # holds the GPUs when there is none (a CI run failed here with "the free GPUs fit 0 more")
+    deadline = time.monotonic() + 120
+    while sum(n // 8 for n in free_gpus(core_v1).values()) < 1:
+        assert time.monotonic() < deadline, f"no whole node free for a second TP8 replica: {gpu_holders(core_v1)}"
+        time.sleep(1)
     signals, events = Signals(), []
     now = [1000.0]
     scaler = Autoscaler(Kube(api_client), signals, lambda body, t, r, m: events.append((r, m)), clock=lambda: now[0])
@@ -54,7 +60,8 @@ def test_decisions_are_applied_kept_and_guarded(operator, namespace, custom_obje
     round_(scaler, custom_objects, namespace, "auto")
     obj = get_svc(custom_objects, namespace, "auto")
     assert apps_v1.read_namespaced_stateful_set("auto-decode", namespace).spec.replicas == 2, (
-        (obj.get("status") or {}).get("decode"), [(c["type"], c["reason"], c["message"]) for c in obj["status"]["conditions"]])
+        (obj.get("status") or {}).get("decode"), [(c["type"], c["reason"], c["message"]) for c in obj["status"]["conditions"]],
+        gpu_holders(core_v1))
     assert "1 -> 2" in obj["status"]["decode"]["lastScaleReason"] and obj["status"]["metrics"]["itl"] == "100ms p99"
     assert condition(obj, "MetricsAvailable")["status"] == "True" and condition(obj, "AutoscalingActive")["status"] == "True"
     assert events and events[0][0] == "Autoscaled"

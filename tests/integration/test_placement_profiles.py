@@ -21,7 +21,7 @@ from pd_operator.api import validate_service
 from pd_operator.controller.kube import Kube
 from pd_operator.render import render
 from tests.conftest import EXAMPLES, load_example
-from tests.integration.conftest import load_local_cluster_module
+from tests.integration.conftest import clear_leftovers, load_local_cluster_module, wait_gpus_released
 
 pytestmark = pytest.mark.integration
 
@@ -82,6 +82,7 @@ def _namespace(core: client.CoreV1Api, name: str) -> str:
 def test_hgx_defaults_leave_nothing_pending_and_spread_the_pools(kube_cluster, namespace, apps_v1, core_v1):
     if not kube_cluster.local:
         pytest.skip("node profiles are the local control plane's")
+    wait_gpus_released(core_v1)  # an earlier test's pods still holding GPUs change where these land
     name = _create_pools(apps_v1, _service(namespace))
     pods = _wait_scheduled(core_v1, namespace, name, {"prefill": 2, "decode": 2})
     for role, ps in pods.items():
@@ -118,6 +119,7 @@ def nvl72(kube_cluster):
     mod = load_local_cluster_module()
     was_running = mod.is_running(NVL72_CLUSTER)
     kc = str(mod.up(NVL72_CLUSTER, profile="gb200-nvl72"))
+    clear_leftovers(kc)  # a killed session's pods would hold clique GPUs
     api = config.new_client_from_config(config_file=kc)
     try:
         yield client.CoreV1Api(api), client.AppsV1Api(api)
