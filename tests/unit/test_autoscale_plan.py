@@ -274,7 +274,7 @@ def test_step_time_is_measured_only_on_a_settled_pool():
     resized = History(changes=[Change(100.0 - SETTLE_S / 2, 9, 10)])
     plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": resized}, now=100.0)
     # a rising demand: young streams step faster than the model at the steady-state context
-    ramp = History(demands=[(100.0 - 150 + 30 * i, obs.demand * (0.7 + 0.06 * i)) for i in range(5)])
+    ramp = History(demands=[(100.0 - 180 + 30 * i, obs.demand * (0.7 + 0.05 * i)) for i in range(7)])  # 3 min, +7 %/min
     plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": ramp}, now=100.0)
     settled = History()
     plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": settled}, now=100.0)
