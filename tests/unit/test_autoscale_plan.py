@@ -253,11 +253,13 @@ def test_faster_engines_than_the_model_lower_the_decode_floor_slower_do_not_rais
                               waiting_total=0.0, mean_itl=step)
             out = plan_service(s, {"decode": PoolInput(PoolState(n, n), obs, float(t))}, {"decode": history}, now=float(t))
             if t == 100:  # one round moves the estimate a tenth of the way from the model
-                assert history.step_ratio == pytest.approx(1 - 0.1 * (1 - min(speed, 1.0)), rel=1e-3)
+                assert history.step_ratio == pytest.approx(1 - 0.1 * (1 - speed), rel=1e-3)
             n = out["decode"].replicas
         plans[speed] = (n, out["decode"].reason, history.step_ratio)
     (fast, why, ratio), (same, _, one), (slow, why_slow, capped) = plans[0.8], plans[1.0], plans[1.3]
-    assert ratio == pytest.approx(0.8, rel=0.01) and one == pytest.approx(1.0, rel=1e-3) and capped == 1.0
+    # the history keeps the readings as they are (1.3); the capacity takes the ratio only below 1
+    assert ratio == pytest.approx(0.8, rel=0.01) and one == pytest.approx(1.0, rel=1e-3)
+    assert capped == pytest.approx(1.3, rel=0.01)
     assert fast < same, plans
     assert "step time x 0.80 as measured" in why
     # a slower reading leaves the model's capacity (the saturation correction and the latency
@@ -280,3 +282,94 @@ def test_step_time_is_measured_only_on_a_settled_pool():
     plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, 100.0)}, {"decode": settled}, now=100.0)
     assert starting.step_ratio is None and resized.step_ratio is None and ramp.step_ratio is None
     assert settled.step_ratio == pytest.approx(0.98)  # a tenth of the way from 1 to 0.8
+
+
+def test_readings_around_the_model_do_not_average_to_faster_engines():
+    # engines exactly as fast as the model read a little faster or slower window by window;
+    # an average of readings cut at 1 would drift below 1 and take capacity that is not there
+    s = svc(decode={"autoscaling": AUTO})
+    history = History()
+    for i, t in enumerate(range(100, 100 + 60 * 30, 30)):
+        obs = _decode_running(s, 0.9 if i % 2 else 1.1, 10)
+        plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, float(t))}, {"decode": history}, now=float(t))
+    assert history.step_ratio == pytest.approx(1.0, abs=0.01)
+
+
+# ---- the cost model checked against the engines' measured prefill time (prefill) ----
+
+import random  # noqa: E402
+
+from pd_operator.autoscale.capacity import prefill_time_ratio, prefill_tokens_per_s  # noqa: E402
+from pd_operator_tools.enginesim.clock import VirtualClock  # noqa: E402
+from pd_operator_tools.enginesim.engine import Engine, SimRequest, Sink  # noqa: E402
+
+
+class _PrefillTimes(Sink):
+    def __init__(self):
+        self.total, self.count = 0.0, 0
+
+    def prefill_time(self, v: float) -> None:
+        self.total += v
+        self.count += 1
+
+
+def _simulated_prefill(model, speed: float, load: float, isl: int, sigma: float, seconds: float = 300.0):
+    """A prefill engine ``speed`` x the cost model's step time (the simulated engine: vLLM's
+    scheduler with an 8192-token step budget), Poisson prompts at ``load`` of what it carries,
+    lognormal lengths of spread ``sigma``: (time-averaged running requests, mean prefill time)."""
+    clock, sink = VirtualClock(), _PrefillTimes()
+    engine = Engine(clock, model.scaled(speed), "prefill", sink=sink)
+    rng = random.Random(7)
+    rate = load * prefill_tokens_per_s(model, isl, utilization=1.0) / speed / isl
+    t = rng.expovariate(rate)
+    while t < seconds:
+        n = max(16, int(isl * rng.lognormvariate(-sigma * sigma / 2, sigma)))
+        clock.call_at(t, lambda n=n: engine.add(SimRequest(n, 1, prefill_only=True)))
+        t += rng.expovariate(rate)
+    area, dt = 0.0, 0.05
+    for k in range(1, int(seconds / dt) + 1):
+        clock.run(until=k * dt)
+        area += engine.num_running * dt
+    return area / seconds, sink.total / sink.count
+
+
+@pytest.mark.parametrize("isl,sigma", [(2000, 0.0), (2000, 0.6), (600, 0.6)])
+def test_prefill_time_ratio_orders_the_engines_and_never_reads_them_faster(isl, sigma):
+    s = svc(prefill={"autoscaling": AUTO})
+    model = replica_cost_model(s.spec, "prefill")
+    for load in (0.2, 0.5, 0.8):
+        got = {speed: prefill_time_ratio(s, isl, *_simulated_prefill(model, speed, load, isl, sigma))
+               for speed in (0.8, 1.0, 1.25)}
+        assert got[0.8] < got[1.0] < got[1.25], (load, got)
+        for speed, ratio in got.items():  # the step model errs towards slower engines, not faster
+            assert ratio >= 0.97 * speed, (load, got)
+    # one prompt at a time of one length: the model's own case, read as it is
+    assert prefill_time_ratio(s, isl, *_simulated_prefill(model, 0.8, 0.05, isl, 0.0)) == pytest.approx(0.8, rel=0.05)
+    assert prefill_time_ratio(s, isl, 0.5, None) is None  # no prefill-time samples
+    assert prefill_time_ratio(s, 0.25, 0.25, 0.25) > 0  # a prompt shorter than a token (bad data): no crash
+
+
+def test_faster_prefill_engines_lower_the_prefill_floor_slower_do_not_raise_it():
+    s = svc(prefill={"autoscaling": AUTO})
+    model = replica_cost_model(s.spec, "prefill")
+    plans = {}
+    for speed in (0.8, 1.0, 1.3):
+        history, n = History(), 10
+        for t in range(100, 100 + 120 * 30, 30):
+            # 150k prompt tokens/s of 2000-token prompts; each replica runs its share one step
+            # at a time (the running requests, by Little's law, arrivals x prefill time)
+            per_replica = 150_000 / 2000 / n
+            step = model.prefill_ms(2000) / 1e3 * speed
+            running = per_replica * step
+            obs = Observation(step, 150_000.0, mean_isl=2000.0, running_total=n * running, waiting_total=0.0,
+                              mean_prefill_time=step)
+            out = plan_service(s, {"prefill": PoolInput(PoolState(n, n), obs, float(t))}, {"prefill": history},
+                               now=float(t))
+            n = out["prefill"].replicas
+        plans[speed] = (n, out["prefill"].reason, history.step_ratio)
+    (fast, why, ratio), (same, same_why, one), (slow, why_slow, high) = plans[0.8], plans[1.0], plans[1.3]
+    assert ratio == pytest.approx(0.8, rel=0.02) and one == pytest.approx(1.0, rel=0.02) and high > 1.2
+    assert fast < same, plans
+    assert "step time x 0.80 as measured" in why
+    capacity = re.compile(r"capacity [0-9.]+k tok/s/replica \(cost model\)")
+    assert capacity.search(why_slow).group(0) == capacity.search(same_why).group(0)

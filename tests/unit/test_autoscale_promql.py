@@ -31,7 +31,13 @@ def test_series_without_our_labels_are_ignored():
 
 def test_pool_queries_ask_for_secondaries_only_when_wanted():
     load = {"waiting_total", "running_total"}  # offered load: always asked (decide's demand)
-    assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"} | load
+    assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl",
+                                                          "mean_prefill_time"} | load
+    # SGLang 0.5.23 has no request prefill-time histogram: its prefill speed is not measured
+    assert set(pool_queries("sglang", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"} | load
+    assert pool_queries("vllm", "prefill", 0.99)["mean_prefill_time"].promql == (
+        'sum by (namespace, pdserving_io_service) (rate(vllm:request_prefill_time_seconds_sum{pdserving_io_role="prefill"}[1m]))'
+        ' / sum by (namespace, pdserving_io_service) (rate(vllm:request_prefill_time_seconds_count{pdserving_io_role="prefill"}[1m]))')
     decode = pool_queries("vllm", "decode", 0.99, secondaries={"kvCacheUsage", "queueDepth"})
     assert set(decode) == {"quantile", "rate", "demand", "mean_isl", "mean_osl", "queue", "kv_usage", "osl_hist",
                            "mean_itl"} | load

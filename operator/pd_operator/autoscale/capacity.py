@@ -169,7 +169,7 @@ def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: floa
     cost = replica_cost_model(spec, role)
     if cost is None or mean_isl is None or mean_isl <= 0:
         return None
-    if step_ratio and role == "decode":
+    if step_ratio:
         cost = cost.scaled(step_ratio)
     pool = spec.pool(role)
     if role == "prefill":
@@ -202,15 +202,15 @@ def pool_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
                   mean_osl: float | None, osl_bias: float | None = None,
                   step_ratio: float | None = None) -> Capacity | None:
     """One replica's capacity at the pool's target: ``capacityPerReplica`` when set,
-    else the cost model's estimate at the mean ISL/OSL (decode: with its step times x
-    ``step_ratio``, the engines' measured speed, :func:`step_time_ratio`), else None
-    (feedback only)."""
+    else the cost model's estimate at the mean ISL/OSL (with its step times x
+    ``step_ratio``, the engines' measured speed: :func:`step_time_ratio` for decode,
+    :func:`prefill_time_ratio` for prefill), else None (feedback only)."""
     override = svc.spec.pool(role).autoscaling.capacity_per_replica
     if override is not None:
         return Capacity(override, "capacityPerReplica")
     estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl, osl_bias, step_ratio)
     source = "cost model"
-    if step_ratio and role == "decode" and abs(step_ratio - 1) >= 0.005:
+    if step_ratio and abs(step_ratio - 1) >= 0.005:
         source = f"cost model, step time x {step_ratio:.2f} as measured"
     return (Capacity(estimate, source, PREFILL_UTILIZATION if role == "prefill" else DECODE_UTILIZATION)
             if estimate else None)
@@ -236,6 +236,36 @@ def step_time_ratio(svc: PDInferenceService, mean_isl: float | None, mean_osl: f
     return mean_itl / expected
 
 
+def prefill_time_ratio(svc: PDInferenceService, mean_isl: float | None, running_per_replica: float | None,
+                       mean_prefill_time: float | None) -> float | None:
+    """The prefill engines' step time over the cost model's, as they ran: the observed mean
+    prefill time (vLLM's ``request_prefill_time_seconds``: from a request's first scheduled
+    step to its first token) over the model's time for the same work. A request shares its
+    step with the others running (``running_per_replica`` over the replica's engines, at
+    least itself), prompts of ``mean_isl`` tokens: one step of a fixed cost and their chunks
+    while they fit the step's token budget; past it, the request waits for as many full
+    steps as its share of the tokens fills. By Little's law the running count is arrivals x
+    prefill time, so this is a step model at the load the engine ran; a batch that varies
+    reads slower than its mean (the request-weighted step is the longer one), never faster.
+    None where the cost model does not apply, or nothing ran."""
+    cost = replica_cost_model(svc.spec, "prefill")
+    if (cost is None or not mean_prefill_time or mean_prefill_time <= 0 or not mean_isl or mean_isl <= 0
+            or running_per_replica is None):
+        return None
+    pool = svc.spec.pool("prefill")
+    _, ranks = pool_cost_model(cost.shape, svc.spec.engine.kind, pool)
+    budget = pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    prompts = max(1.0, running_per_replica / ranks)
+    chunk = max(1, int(min(mean_isl, budget)))
+    per_prompt = cost.prefill_chunk_ms(0, chunk) * mean_isl / chunk  # a prompt longer than the budget: its chunks
+    tokens = prompts * mean_isl
+    if tokens <= budget:
+        expected = cost.prefill_fixed_ms() + prompts * per_prompt
+    else:  # full steps, as many as the tokens running fill
+        expected = tokens / budget * (cost.prefill_fixed_ms() + budget / mean_isl * per_prompt)
+    return mean_prefill_time / (expected / 1e3)
+
+
 def estimate_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
                       mean_osl: float | None, osl_bias: float | None = None) -> float | None:
     """One replica's capacity in tokens/s (see :func:`pool_capacity`), or None."""
@@ -254,7 +284,7 @@ def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, me
     if cost is None or not mean_isl or mean_isl <= 0:
         return None
     if role == "prefill":
-        return cost.prefill_ms(int(mean_isl)) / 1e3
+        return cost.prefill_ms(int(mean_isl)) / 1e3 * (step_ratio or 1.0)
     if not mean_osl or mean_osl <= 0:
         return None
     return cost.decode_uniform_ms(1, int(_context(mean_isl, mean_osl, osl_bias))) / 1e3 * (step_ratio or 1.0)

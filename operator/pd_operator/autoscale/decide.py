@@ -136,8 +136,8 @@ class History:
     samples: list[Sample] = field(default_factory=list)
     futile: float | None = None
     saturated_since: float | None = None  # since when the pool has been saturated without a break
-    # decode: the engines' step time over the cost model's, measured on a settled pool and
-    # smoothed (plan.step_ratio); None: not measured yet
+    # the pool's engines' step time over the cost model's, measured on a settled pool and
+    # smoothed (plan.step_ratio, used only below 1); None: not measured yet
     step_ratio: float | None = None
     # the offered demand of the last TREND_S (rule 3d), (at, demand)
     demands: list[tuple[float, float]] = field(default_factory=list)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from ..api.constants import ROLES
 from ..api.models import PDInferenceService, duration_seconds
-from .capacity import Capacity, latency_floor, pool_capacity, step_time_ratio
+from .capacity import Capacity, latency_floor, pool_capacity, prefill_time_ratio, step_time_ratio
 from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, is_settled, rising, share_budget
 from .promql import SECONDARY, Observation
 
@@ -33,38 +33,43 @@ class PoolInput:
 QUEUE_DRAIN_S = 60.0
 
 
-# Online check of the cost model's decode step time: weight of a new measurement. The
-# engines' speed is a property of the hardware, learned over ~10 settled rounds; a ramp's
-# young streams (a shorter context than the steady-state mean) read faster for a round or two.
+# Online check of the cost model's step time: weight of a new measurement. The engines'
+# speed is a property of the hardware, learned over ~10 settled rounds; a ramp's young
+# decode streams (a shorter context than the steady-state mean) read faster for a round or two.
 STEP_RATIO_WEIGHT = 0.1
-# A measured step time below half the model's is taken as half: one window cannot double
-# the capacity.
-MIN_STEP_RATIO = 0.5
+# A measured step time below half the model's is taken as half, above twice as twice: one
+# window cannot double the capacity, or outweigh ten others.
+MIN_STEP_RATIO, MAX_STEP_RATIO = 0.5, 2.0
 
 
 def step_ratio(svc: PDInferenceService, role: str, inp: PoolInput, history: History, now: float) -> float | None:
-    """Decode: the engines' step time over the cost model's (capacity.step_time_ratio),
+    """The pool's engines' step time over the cost model's (decode: capacity.step_time_ratio,
+    from the mean ITL; prefill: capacity.prefill_time_ratio, from the mean prefill time),
     measured on a settled pool only (decide.is_settled: the window then holds the pool as it
-    is), smoothed, and used only when below 1: engines faster than the model have more
+    is), smoothed (each reading as it is: an average of readings cut at 1 would read engines
+    as fast as the model as faster), and used only when below 1: engines faster than the model have more
     capacity than it says, and the demand floor may come down to it. A step time above
     the model's is left to the saturation correction (decide's rule 3b), which reads what
     a full pool produces and needs no step model: a floor raised on latency alone would
     also read a passing slowdown as capacity lost for good. The latency feedback still
     guards the target either way."""
     obs, state = inp.observation, inp.state
-    if role != "decode" or obs is None:
+    if obs is None:
         return None
     # not on a rising demand: young streams (a context shorter than the steady-state mean)
     # step faster than the model there, and would read as faster engines
     ramp = rising(history, obs.demand, svc.spec.pool(role).autoscaling.tolerance)
     if obs.running_total and is_settled(state, history, now) and ramp is None:
-        r = step_time_ratio(svc, obs.mean_isl, obs.mean_osl, obs.osl_bias, obs.running_total / state.ready,
-                            obs.mean_itl)
+        per_replica = obs.running_total / state.ready
+        if role == "decode":
+            r = step_time_ratio(svc, obs.mean_isl, obs.mean_osl, obs.osl_bias, per_replica, obs.mean_itl)
+        else:
+            r = prefill_time_ratio(svc, obs.mean_isl, per_replica, obs.mean_prefill_time)
         if r is not None:
-            r = min(1.0, max(MIN_STEP_RATIO, r))
+            r = min(MAX_STEP_RATIO, max(MIN_STEP_RATIO, r))
             prior = 1.0 if history.step_ratio is None else history.step_ratio  # the model until measured
             history.step_ratio = (1 - STEP_RATIO_WEIGHT) * prior + STEP_RATIO_WEIGHT * r
-    return history.step_ratio
+    return None if history.step_ratio is None else min(1.0, history.step_ratio)
 
 
 def _capacity(svc: PDInferenceService, role: str, inp: PoolInput, ratio: float | None = None) -> Capacity | None:

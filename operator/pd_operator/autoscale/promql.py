@@ -44,6 +44,8 @@ METRICS: dict[str, dict[str, str]] = {
         "e2e": "vllm:e2e_request_latency_seconds",
         # histogram of generated tokens per finished request (vllm/v1/metrics/loggers.py)
         "generation_hist": "vllm:request_generation_tokens",
+        # histogram of each request's first scheduled step to its first token (vllm/v1/metrics/stats.py)
+        "prefill_time": "vllm:request_prefill_time_seconds",
     },
     "sglang": {
         "ttft": "sglang:time_to_first_token_seconds",
@@ -121,14 +123,30 @@ def mean_length_query(engine: str, name: str, window: str = "1m") -> Query:
                  f"sum by ({BY}) (rate({m[tokens]}{sel}[{window}])) / sum by ({BY}) (rate({m[requests]}_count{sel}[{window}]))")
 
 
+def _mean_query(engine: str, role: str, metric: str, name: str, window: str) -> Query:
+    """A histogram's mean over the window (its ``_sum`` rate over its ``_count`` rate) on the
+    pods of ``role``, for all services. NaN when idle."""
+    m, sel = METRICS[engine][metric], _sel(role)
+    return Query((engine, role, name, 0.0),
+                 f"sum by ({BY}) (rate({m}_sum{sel}[{window}])) / sum by ({BY}) (rate({m}_count{sel}[{window}]))")
+
+
 def mean_itl_query(engine: str, window: str = "1m") -> Query:
     """The decode pods' mean inter-token latency (seconds) over the window, for all services:
     the ITL histogram's sum over its count. Each generated token is one decode step apart
     from the last, so this is the engines' mean step time as they run (the online check of
     the cost model, ``capacity.step_time_ratio``). NaN when idle."""
-    metric, sel = METRICS[engine]["itl"], _sel("decode")
-    return Query((engine, "decode", "mean_itl", 0.0),
-                 f"sum by ({BY}) (rate({metric}_sum{sel}[{window}])) / sum by ({BY}) (rate({metric}_count{sel}[{window}]))")
+    return _mean_query(engine, "decode", "itl", "mean_itl", window)
+
+
+def mean_prefill_time_query(engine: str, window: str = "1m") -> Query | None:
+    """The prefill pods' mean prefill time (seconds: a request's first scheduled step to its
+    first token) over the window, for all services: the prefill engines' speed as they run
+    (``capacity.prefill_time_ratio``). None for an engine without that histogram (SGLang
+    0.5.23 has per-stage latencies instead, not read here). NaN when idle."""
+    if "prefill_time" not in METRICS[engine]:
+        return None
+    return _mean_query(engine, "prefill", "prefill_time", "mean_prefill_time", window)
 
 
 def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:
@@ -187,6 +205,8 @@ def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
     if role == "decode":
         out["osl_hist"] = length_hist_query(engine, window)
         out["mean_itl"] = mean_itl_query(engine, window)
+    elif (prefill_time := mean_prefill_time_query(engine, window)) is not None:
+        out["mean_prefill_time"] = prefill_time
     out.update({SECONDARY[m][1]: secondary_query(engine, role, m, window) for m in sorted(set(secondaries))})
     return out
 
@@ -210,6 +230,7 @@ class Observation:
     running_total: float | None = None  # running requests, all pods of the pool
     osl_bias: float | None = None       # E[OSL^2] / E[OSL] from the generated-tokens histogram
     mean_itl: float | None = None       # mean inter-token latency, seconds (decode pods): the mean step time
+    mean_prefill_time: float | None = None  # mean prefill time, seconds (prefill pods, vLLM)
 
 
 def _finite(value: float | None) -> float | None:

@@ -338,9 +338,14 @@ class PrefillSink(Sink):
     def __init__(self):
         self.ttft_hist = PromHist(TTFT_BUCKETS)
         self.prompt_total = 0
+        self.prefill_sum, self.prefill_count = 0.0, 0  # vllm:request_prefill_time_seconds _sum, _count
 
     def ttft(self, v: float) -> None:
         self.ttft_hist.observe(v)
+
+    def prefill_time(self, v: float) -> None:
+        self.prefill_sum += v
+        self.prefill_count += 1
 
     def prompt_tokens(self, n: int) -> None:
         self.prompt_total += n
@@ -395,6 +400,7 @@ class BenchFleet:
         # dead pools' counters stay in the pool totals (Prometheus sum(rate()) over pods, ignoring resets)
         self.dead_ttft = PromHist(TTFT_BUCKETS)
         self.dead_prompt = 0
+        self.dead_prefill = (0.0, 0)
         self.dead_itl = PromHist(ITL_BUCKETS)
 
     # ---- pods -------------------------------------------------------------------
@@ -455,6 +461,8 @@ class BenchFleet:
                 else:
                     self.dead_ttft = _merge(self.dead_ttft, e.sink.ttft_hist)
                     self.dead_prompt += e.sink.prompt_total
+                    self.dead_prefill = (self.dead_prefill[0] + e.sink.prefill_sum,
+                                         self.dead_prefill[1] + e.sink.prefill_count)
             else:
                 keep.append(pod)
         self.draining = keep
@@ -509,12 +517,15 @@ class BenchFleet:
         ttft = [x for x in self.dead_ttft.c]
         ttft_sum, ttft_cnt = self.dead_ttft.sum, self.dead_ttft.count
         prompt = self.dead_prompt
+        prefill_sum, prefill_cnt = self.dead_prefill
         for e in pre:
             h = e.sink.ttft_hist
             ttft = [a + b for a, b in zip(ttft, h.c)]
             ttft_sum += h.sum
             ttft_cnt += h.count
             prompt += e.sink.prompt_total
+            prefill_sum += e.sink.prefill_sum
+            prefill_cnt += e.sink.prefill_count
         itl = list(self.dead_itl.c)
         itl_sum, itl_cnt = self.dead_itl.sum, self.dead_itl.count
         for e in dec:
@@ -526,6 +537,7 @@ class BenchFleet:
         return {
             "t": self.clock.now(),
             "ttft": ttft, "ttft_sum": ttft_sum, "ttft_count": ttft_cnt, "prompt_tokens": prompt,
+            "prefill_sum": prefill_sum, "prefill_count": prefill_cnt,
             "itl": itl, "itl_sum": itl_sum, "itl_count": itl_cnt,
             "waiting": {"prefill": [e.num_waiting for e in ready_p], "decode": [e.num_waiting for e in ready_d]},
             "running": {"prefill": [e.num_running for e in ready_p], "decode": [e.num_running for e in ready_d]},
