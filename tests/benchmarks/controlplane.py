@@ -6,7 +6,8 @@ For each N it creates N small PDInferenceServices in a fresh namespace with one
 operator process watching it, and prints:
 
 - create-to-children: seconds from the ``kubectl apply`` of N services to every
-  service's 13 children present, against a raw ``kubectl apply --server-side`` of
+  service's 13 children present (and p50/p99 over the services of the seconds to
+  each one's 13th child), against a raw ``kubectl apply --server-side`` of
   the same rendered children (``pdctl render``) into another namespace, both
   timed the same way (watches count the children; polling with kubectl would
   load the 2-core API server during one run only);
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -50,6 +52,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from pd_operator.api.constants import LABEL_SERVICE  # noqa: E402
 from tests.conftest import load_e2e_module  # noqa: E402
 
 GROUP, VERSION, PLURAL = "pdserving.io", "v1alpha1", "pdinferenceservices"
@@ -160,6 +163,8 @@ class Children:
         config.load_kube_config(config_file=kc, client_configuration=cfg)
         self.api = client.ApiClient(cfg)
         self.seen: set[tuple[str, str, str]] = set()  # (path, namespace, name)
+        # (namespace, service) -> monotonic time each of its children was first seen
+        self.first_seen: dict[tuple[str, str], list[float]] = {}
         self.cond = threading.Condition()
         for path in self.PATHS:
             threading.Thread(target=self._watch, args=(path,), daemon=True).start()
@@ -181,7 +186,11 @@ class Children:
                         meta = event["object"].get("metadata", {})
                         if event["type"] == "ADDED":
                             with self.cond:
-                                self.seen.add((path, meta.get("namespace"), meta.get("name")))
+                                key = (path, meta.get("namespace"), meta.get("name"))
+                                if key not in self.seen:
+                                    self.seen.add(key)
+                                    service = (meta.get("labels") or {}).get(LABEL_SERVICE, "")
+                                    self.first_seen.setdefault((key[1], service), []).append(time.monotonic())
                                 self.cond.notify_all()
             except Exception:  # noqa: BLE001 - a dropped watch is started again (it lists again)
                 time.sleep(0.5)
@@ -189,6 +198,16 @@ class Children:
     def count(self, namespace: str) -> int:
         with self.cond:
             return sum(1 for _, ns, _ in self.seen if ns == namespace)
+
+    def completions(self, namespace: str, per_service: int, since: float) -> dict[str, float]:
+        """p50 / p99 over the services of ``namespace`` of the seconds from ``since`` to the
+        service's ``per_service``-th child seen (a service with fewer counts as never done)."""
+        with self.cond:
+            done = sorted(sorted(times)[per_service - 1] - since if len(times) >= per_service else math.inf
+                          for (ns, _), times in self.first_seen.items() if ns == namespace)
+        if not done:
+            return {}
+        return {"p50": round(done[len(done) // 2], 2), "p99": round(done[min(len(done) - 1, int(0.99 * len(done)))], 2)}
 
     def wait(self, namespace: str, want: int, timeout: float = 3600.0) -> float:
         """Seconds until ``want`` children of ``namespace`` were seen."""
@@ -232,6 +251,7 @@ def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Pat
         kubectl(kc, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
         children.wait(ns, want)
         create_s = time.monotonic() - started
+        create_each = children.completions(ns, 13, started)
         create_cpu = delta({**cpu_seconds(), "operator": proc_stats(op.pid)[1]}, c0)
         create_requests = delta(own_requests(port), r0)
         # the same children, rendered and applied raw, once the first phase's tail
@@ -246,6 +266,7 @@ def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Pat
         kubectl(kc, "apply", "--server-side", "-f", "-", stdin=rendered)
         children.wait(raw_ns, want)
         raw_s = time.monotonic() - started
+        raw_each = children.completions(raw_ns, 13, started)
         raw_cpu = delta(cpu_seconds(), c0)
         # steady state
         time.sleep(max(10.0, n / 20))
@@ -272,6 +293,10 @@ def run(kc: str, n: int, idle: float, edits: int, children: Children, op_kc: Pat
         lat.sort()
         return {"services": n, "distinct_specs": distinct, "create_to_children_s": round(create_s, 2), "raw_apply_s": round(raw_s, 2),
                 "create_vs_raw": round(create_s / raw_s, 2) if raw_s else None,
+                # per service: seconds from the apply to its 13th child, p50 / p99 over the services
+                "create_per_service_s": create_each, "raw_per_service_s": raw_each,
+                "create_vs_raw_p99": (round(create_each["p99"] / raw_each["p99"], 2)
+                                      if create_each.get("p99") and raw_each.get("p99") else None),
                 "create_cpu_s": create_cpu, "raw_cpu_s": raw_cpu, "create_requests_by_verb": create_requests,
                 "idle_requests_per_s": round(rate, 4), "idle_requests_per_s_per_service": round(rate / n, 5),
                 "idle_own_requests_per_s_by_verb": own,

@@ -232,3 +232,45 @@ def test_the_autoscalers_memory_survives_a_failover_in_status():
     amnesiac = Autoscaler(kube2, calm, lambda *a: None, clock=lambda: clock[0])
     amnesiac.run_once([b], force=True)
     assert kube2.replicas["svc-decode"] < up
+
+
+def test_what_the_law_learned_survives_a_failover_in_status():
+    """The capacity correction (3b), the engines' measured step time (3b'), the pods' start
+    time and the demand of the trend window (3d) go through status, and the status the
+    autoscaler writes is what the CRD's schema accepts."""
+    from pd_operator.api.models import AutoscalerMemory
+    from pd_operator.autoscale.decide import Change, History
+    from pd_operator.controller.autoscaler import histories_from_status, history_to_status
+
+    learned = History(changes=[Change(1000.0, 2, 4)], capacity_factor=0.83, step_ratio=0.812,
+                      start_seconds=118.0, demands=[(1000.0 + 30 * i, 40_000.0 + 5_000 * i) for i in range(7)])
+    memory = history_to_status(learned)
+    AutoscalerMemory.model_validate(memory)  # the CRD's status schema (generated from this model)
+    back = histories_from_status({"decode": {"autoscaler": memory}})["decode"]
+    assert (back.capacity_factor, back.step_ratio, back.start_seconds) == (0.83, 0.812, 118.0)
+    assert back.demands == learned.demands and back.demand_slope() == pytest.approx(learned.demand_slope())
+    # nothing learned: nothing written (a pruned field is dropped by server-side apply), read back as fresh
+    fresh = history_to_status(History())
+    assert not {"capacityFactor", "stepRatio", "startSeconds"} & set(fresh)
+    again = histories_from_status({"decode": {"autoscaler": fresh}})["decode"]
+    assert (again.capacity_factor, again.step_ratio, again.start_seconds) == (1.0, None, None)
+    # unreadable memory: a fresh history, not a crash
+    assert histories_from_status({"decode": {"autoscaler": {"stepRatio": "fast"}}})["decode"].step_ratio is None
+
+
+def test_a_failover_keeps_the_measured_engine_speed():
+    import copy
+
+    from pd_operator.autoscale.decide import History
+
+    kube = FakeKube()
+    b = body()
+    first = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1000.0)
+    first.histories[("ns", "svc")] = {"decode": History(step_ratio=0.8)}
+    first.run_once([b], force=True)
+    assert kube.status["decode"]["autoscaler"]["stepRatio"] == 0.8
+    b_after = copy.deepcopy(b)
+    b_after["status"] = copy.deepcopy(kube.status)
+    second = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1030.0)
+    second.run_once([b_after], force=True)
+    assert second.histories[("ns", "svc")]["decode"].step_ratio == 0.8

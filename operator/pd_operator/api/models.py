@@ -1278,6 +1278,14 @@ class AutoscalerMemory(Base):
         default_factory=list, max_length=64, description="Recent recommendations: [unix time, replicas].")
     changes: list[Annotated[list[float], Field(min_length=3, max_length=3)]] = Field(
         default_factory=list, max_length=64, description="Recent resizes: [unix time, from, to].")
+    capacity_factor: Optional[float] = Field(
+        None, ge=0.0, le=1.0, description="Per-replica capacity observed at saturation over the estimate's (1: as estimated).")
+    step_ratio: Optional[float] = Field(
+        None, ge=0.0, le=10.0, description="The engines' measured step time over the cost model's (0.8: 20% faster).")
+    start_seconds: Optional[float] = Field(
+        None, ge=0.0, description="Seconds from the last scale-up to its pods Ready, as observed.")
+    demands: list[Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=list, max_length=64, description="Recent offered demand: [unix time, tokens/s] (the trend).")
 
 
 class PoolStatus(Base):

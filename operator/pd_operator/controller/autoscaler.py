@@ -480,9 +480,20 @@ MEMORY_ITEMS = 64  # status.<pool>.autoscaler lists (the CRD's maxItems)
 
 
 def history_to_status(history: History) -> dict:
-    """A pool's History as status keeps it (the newest MEMORY_ITEMS of each)."""
-    return {"recommendations": [[round(e.at, 3), e.replicas] for e in history.recommendations[-MEMORY_ITEMS:]],
-            "changes": [[round(c.at, 3), c.before, c.after] for c in history.changes[-MEMORY_ITEMS:]]}
+    """A pool's History as status keeps it: the stabilization windows' recommendations and
+    resizes (the newest MEMORY_ITEMS of each), and what the law learned -- the capacity
+    correction (rule 3b), the engines' step time (3b'), the pods' start time and the demand
+    of the trend window (3d) -- so that a failover does not relearn them."""
+    out: dict = {"recommendations": [[round(e.at, 3), e.replicas] for e in history.recommendations[-MEMORY_ITEMS:]],
+                 "changes": [[round(c.at, 3), c.before, c.after] for c in history.changes[-MEMORY_ITEMS:]],
+                 "demands": [[round(at, 3), round(d, 3)] for at, d in history.demands[-MEMORY_ITEMS:]]}
+    if history.capacity_factor < 1.0:
+        out["capacityFactor"] = round(history.capacity_factor, 4)
+    if history.step_ratio is not None:
+        out["stepRatio"] = round(history.step_ratio, 4)
+    if history.start_seconds is not None:
+        out["startSeconds"] = round(history.start_seconds, 1)
+    return out
 
 
 def histories_from_status(status: dict) -> dict[str, History]:
@@ -491,8 +502,13 @@ def histories_from_status(status: dict) -> dict[str, History]:
     for role in ("prefill", "decode"):
         mem = ((status.get(role) or {}).get("autoscaler")) or {}
         try:
+            factor, ratio, start = mem.get("capacityFactor"), mem.get("stepRatio"), mem.get("startSeconds")
             out[role] = History(recommendations=[Recommendation(at=float(a), replicas=int(r)) for a, r in mem.get("recommendations") or []],
-                                changes=[Change(at=float(a), before=int(b), after=int(c)) for a, b, c in mem.get("changes") or []])
+                                changes=[Change(at=float(a), before=int(b), after=int(c)) for a, b, c in mem.get("changes") or []],
+                                demands=[(float(a), float(d)) for a, d in mem.get("demands") or []],
+                                capacity_factor=min(1.0, float(factor)) if factor is not None else 1.0,
+                                step_ratio=float(ratio) if ratio is not None else None,
+                                start_seconds=float(start) if start is not None else None)
         except (TypeError, ValueError):
             out[role] = History()
     return out
