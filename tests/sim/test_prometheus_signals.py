@@ -103,13 +103,10 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
            / metric(text, f"{kind}:inter_token_latency_seconds_count"))
     assert busy.mean_itl == pytest.approx(itl, rel=0.02) and 0 < busy.mean_itl < 0.05
     assert idle.mean_itl is None and prefill[("team-a", "busy")].mean_itl is None
-    # the prefill engines' speed: vLLM's prefill-time histogram, sum over count; SGLang has none
-    if kind == "vllm":
-        pt = (metric(text, "vllm:request_prefill_time_seconds_sum")
-              / metric(text, "vllm:request_prefill_time_seconds_count"))
-        assert prefill[("team-a", "busy")].mean_prefill_time == pytest.approx(pt, rel=0.02) and pt > 0
-    else:
-        assert prefill[("team-a", "busy")].mean_prefill_time is None
+    # the prefill engines' speed: vLLM's prefill-time histogram, SGLang's prefill_forward stage, sum over count
+    name = "vllm:request_prefill_time_seconds" if kind == "vllm" else "sglang:per_stage_req_latency_seconds"
+    pt = metric(text, name + "_sum") / metric(text, name + "_count")
+    assert prefill[("team-a", "busy")].mean_prefill_time == pytest.approx(pt, rel=0.02) and pt > 0
     assert prefill[("team-a", "idle")].mean_prefill_time is None and busy.mean_prefill_time is None
     assert busy.queue > 0 and busy.kv_usage > 0
     assert (idle.mean_isl, idle.mean_osl, idle.queue, idle.kv_usage) == (None, None, 0.0, 0.0)

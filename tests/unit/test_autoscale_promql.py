@@ -33,8 +33,10 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
     load = {"waiting_total", "running_total"}  # offered load: always asked (decide's demand)
     assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl",
                                                           "mean_prefill_time"} | load
-    # SGLang 0.5.23 has no request prefill-time histogram: its prefill speed is not measured
-    assert set(pool_queries("sglang", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl"} | load
+    # SGLang: the prefill_forward stage of its per-stage latency histogram
+    assert pool_queries("sglang", "prefill", 0.99)["mean_prefill_time"].promql == (
+        'sum by (namespace, pdserving_io_service) (rate(sglang:per_stage_req_latency_seconds_sum{pdserving_io_role="prefill",stage="prefill_forward"}[1m]))'
+        ' / sum by (namespace, pdserving_io_service) (rate(sglang:per_stage_req_latency_seconds_count{pdserving_io_role="prefill",stage="prefill_forward"}[1m]))')
     assert pool_queries("vllm", "prefill", 0.99)["mean_prefill_time"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(vllm:request_prefill_time_seconds_sum{pdserving_io_role="prefill"}[1m]))'
         ' / sum by (namespace, pdserving_io_service) (rate(vllm:request_prefill_time_seconds_count{pdserving_io_role="prefill"}[1m]))')

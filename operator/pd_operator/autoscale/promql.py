@@ -58,8 +58,14 @@ METRICS: dict[str, dict[str, str]] = {
         "e2e": "sglang:e2e_request_latency_seconds",
         # sglang/srt/observability/metrics_collector.py
         "generation_hist": "sglang:generation_tokens_histogram",
+        # per-stage latency histogram, its prefill_forward stage (METRIC_MATCHERS): a request's first
+        # forward to its prefill done (sglang/srt/observability/req_time_stats.py)
+        "prefill_time": "sglang:per_stage_req_latency_seconds",
     },
 }
+
+# More label matchers of a metric (engine, METRICS key) -> PromQL matcher.
+METRIC_MATCHERS = {("sglang", "prefill_time"): 'stage="prefill_forward"'}
 
 POOL_METRIC = {"prefill": "ttft", "decode": "itl"}
 
@@ -90,8 +96,8 @@ class Query:
     promql: str
 
 
-def _sel(role: str) -> str:
-    return f'{{{ROLE}="{role}"}}'
+def _sel(role: str, extra: str = "") -> str:
+    return f'{{{ROLE}="{role}"' + (f",{extra}" if extra else "") + "}"
 
 
 def latency_queries(engine: str, role: str, quantile: float, window: str = "1m") -> list[Query]:
@@ -126,7 +132,7 @@ def mean_length_query(engine: str, name: str, window: str = "1m") -> Query:
 def _mean_query(engine: str, role: str, metric: str, name: str, window: str) -> Query:
     """A histogram's mean over the window (its ``_sum`` rate over its ``_count`` rate) on the
     pods of ``role``, for all services. NaN when idle."""
-    m, sel = METRICS[engine][metric], _sel(role)
+    m, sel = METRICS[engine][metric], _sel(role, METRIC_MATCHERS.get((engine, metric), ""))
     return Query((engine, role, name, 0.0),
                  f"sum by ({BY}) (rate({m}_sum{sel}[{window}])) / sum by ({BY}) (rate({m}_count{sel}[{window}]))")
 
@@ -142,8 +148,8 @@ def mean_itl_query(engine: str, window: str = "1m") -> Query:
 def mean_prefill_time_query(engine: str, window: str = "1m") -> Query | None:
     """The prefill pods' mean prefill time (seconds: a request's first scheduled step to its
     first token) over the window, for all services: the prefill engines' speed as they run
-    (``capacity.prefill_time_ratio``). None for an engine without that histogram (SGLang
-    0.5.23 has per-stage latencies instead, not read here). NaN when idle."""
+    (``capacity.prefill_time_ratio``): vLLM's request prefill time, SGLang's prefill_forward
+    stage latency. None for an engine without such a histogram. NaN when idle."""
     if "prefill_time" not in METRICS[engine]:
         return None
     return _mean_query(engine, "prefill", "prefill_time", "mean_prefill_time", window)

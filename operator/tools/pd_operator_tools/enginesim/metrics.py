@@ -13,7 +13,8 @@ histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seco
 SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
 ``tp_rank`` = "0"): histograms ``sglang:time_to_first_token_seconds``,
 ``sglang:inter_token_latency_seconds``, ``sglang:e2e_request_latency_seconds``,
-``sglang:queue_time_seconds``; gauges ``sglang:num_running_reqs``,
+``sglang:queue_time_seconds``, ``sglang:per_stage_req_latency_seconds`` (stage
+``prefill_forward`` only); gauges ``sglang:num_running_reqs``,
 ``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:gen_throughput``,
 ``sglang:cache_hit_rate``, ``sglang:num_decode_prealloc_queue_reqs``,
 ``sglang:num_decode_transfer_queue_reqs``; counters
@@ -45,6 +46,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                20.0, 40.0, 80.0)
+# SGLang's per_stage_req_latency_seconds: exponential_buckets(start=0.001, width=1.62, length=30)
+STAGE_BUCKETS = tuple(0.001 * 1.62 ** i for i in range(30))
 LAT_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                240.0, 480.0, 960.0, 1920.0, 7680.0)
 TOK_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
@@ -112,7 +115,11 @@ class PromSink(Sink):
             self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
-            self._tpot = self._prefill = self._decode = self._req_prompt = self._req_gen = None
+            self._tpot = self._decode = self._req_prompt = self._req_gen = None
+            # SGLang's per-stage latencies; the sim reports the one stage the autoscaler reads:
+            # prefill_forward, a request's first forward to its prefill done (observability/req_time_stats.py)
+            self._prefill = Histogram(p + "per_stage_req_latency_seconds", "The latency of each stage of requests.",
+                                      names + ["stage"], registry=r, buckets=STAGE_BUCKETS).labels(*lv, "prefill_forward")
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
             self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
             self._success = None
