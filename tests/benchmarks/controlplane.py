@@ -189,8 +189,9 @@ class Children:
                                 key = (path, meta.get("namespace"), meta.get("name"))
                                 if key not in self.seen:
                                     self.seen.add(key)
-                                    service = (meta.get("labels") or {}).get(LABEL_SERVICE, "")
-                                    self.first_seen.setdefault((key[1], service), []).append(time.monotonic())
+                                    service = (meta.get("labels") or {}).get(LABEL_SERVICE)
+                                    if service:
+                                        self.first_seen.setdefault((key[1], service), []).append(time.monotonic())
                                 self.cond.notify_all()
             except Exception:  # noqa: BLE001 - a dropped watch is started again (it lists again)
                 time.sleep(0.5)

@@ -107,6 +107,8 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
     name = "vllm:request_prefill_time_seconds" if kind == "vllm" else "sglang:per_stage_req_latency_seconds"
     pt = metric(text, name + "_sum") / metric(text, name + "_count")
     assert prefill[("team-a", "busy")].mean_prefill_time == pytest.approx(pt, rel=0.02) and pt > 0
+    # the share of prompt tokens from a prefix cache: none here (vLLM's counter at 0; SGLang's appears at a hit)
+    assert prefill[("team-a", "busy")].cached_share == (0.0 if kind == "vllm" else None)
     assert prefill[("team-a", "idle")].mean_prefill_time is None and busy.mean_prefill_time is None
     assert busy.queue > 0 and busy.kv_usage > 0
     assert (idle.mean_isl, idle.mean_osl, idle.queue, idle.kv_usage) == (None, None, 0.0, 0.0)

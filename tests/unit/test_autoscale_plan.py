@@ -346,7 +346,18 @@ def test_prefill_time_ratio_orders_the_engines_and_never_reads_them_faster(isl, 
     # one prompt at a time of one length: the model's own case, read as it is
     assert prefill_time_ratio(s, isl, *_simulated_prefill(model, 0.8, 0.05, isl, 0.0)) == pytest.approx(0.8, rel=0.05)
     assert prefill_time_ratio(s, isl, 0.5, None) is None  # no prefill-time samples
-    assert prefill_time_ratio(s, 0.25, 0.25, 0.25) > 0  # a prompt shorter than a token (bad data): no crash
+    assert prefill_time_ratio(s, 0.25, 0.25, 0.25) is None  # a prompt shorter than a token (bad data): no crash
+
+
+def test_prefix_cache_hits_do_not_read_as_faster_prefill_engines():
+    # engines at the model's speed, half of every 4000-token prompt served from the prefix cache:
+    # each step computes 2000 tokens after a 2000-token cached prefix
+    s = svc(prefill={"autoscaling": AUTO})
+    model = replica_cost_model(s.spec, "prefill")
+    step = (model.prefill_fixed_ms() + 2 * model.prefill_chunk_ms(2000, 2000)) / 1e3  # two prompts a step
+    assert prefill_time_ratio(s, 4000.0, 2.0, step, cached_share=0.5) == pytest.approx(1.0, rel=1e-3)
+    assert prefill_time_ratio(s, 4000.0, 2.0, step) < 0.7  # the cache ignored: a speed-up that is not there
+    assert prefill_time_ratio(s, 4000.0, 2.0, step, cached_share=1.0) is None  # nothing computed: nothing timed
 
 
 def test_faster_prefill_engines_lower_the_prefill_floor_slower_do_not_raise_it():
@@ -373,3 +384,21 @@ def test_faster_prefill_engines_lower_the_prefill_floor_slower_do_not_raise_it()
     assert "step time x 0.80 as measured" in why
     capacity = re.compile(r"capacity [0-9.]+k tok/s/replica \(cost model\)")
     assert capacity.search(why_slow).group(0) == capacity.search(same_why).group(0)
+
+
+def test_a_new_engine_forgets_what_was_learned_on_the_old_one():
+    s = svc(decode={"autoscaling": AUTO})
+    obs = _decode_running(s, 0.8, 10)
+    history = History()
+    for t in range(100, 100 + 30 * 30, 30):
+        plan_service(s, {"decode": PoolInput(PoolState(10, 10), obs, float(t))}, {"decode": history}, now=float(t))
+    learned = history.step_ratio
+    assert learned < 0.99
+    # a policy edit keeps it
+    edited = svc(decode={"autoscaling": {**AUTO, "maxReplicas": 30}})
+    plan_service(edited, {"decode": PoolInput(PoolState(10, 10), obs, 1000.0)}, {"decode": history}, now=1000.0)
+    assert history.step_ratio <= learned * 1.01
+    # another tensor-parallel size (the step time is another one): relearned from the model
+    other = svc(decode={"autoscaling": AUTO, "tensorParallelSize": 2})
+    plan_service(other, {"decode": PoolInput(PoolState(10, 10), None, 1030.0)}, {"decode": history}, now=1030.0)
+    assert history.step_ratio is None and history.capacity_factor == 1.0

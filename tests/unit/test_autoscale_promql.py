@@ -32,7 +32,11 @@ def test_series_without_our_labels_are_ignored():
 def test_pool_queries_ask_for_secondaries_only_when_wanted():
     load = {"waiting_total", "running_total"}  # offered load: always asked (decide's demand)
     assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl",
-                                                          "mean_prefill_time"} | load
+                                                          "mean_prefill_time", "cached_share"} | load
+    # the share of prompt tokens served from a prefix cache: they cost no prefill time
+    assert pool_queries("vllm", "prefill", 0.99)["cached_share"].promql == (
+        'sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_cached_total{pdserving_io_role="prefill"}[1m]))'
+        ' / sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_total{pdserving_io_role="prefill"}[1m]))')
     # SGLang: the prefill_forward stage of its per-stage latency histogram
     assert pool_queries("sglang", "prefill", 0.99)["mean_prefill_time"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(sglang:per_stage_req_latency_seconds_sum{pdserving_io_role="prefill",stage="prefill_forward"}[1m]))'

@@ -242,12 +242,14 @@ def test_what_the_law_learned_survives_a_failover_in_status():
     from pd_operator.autoscale.decide import Change, History
     from pd_operator.controller.autoscaler import histories_from_status, history_to_status
 
-    learned = History(changes=[Change(1000.0, 2, 4)], capacity_factor=0.83, step_ratio=0.812,
+    learned = History(changes=[Change(1000.0, 2, 4)], capacity_factor=0.83, step_ratio=0.812, basis="0123abcd",
                       start_seconds=118.0, demands=[(1000.0 + 30 * i, 40_000.0 + 5_000 * i) for i in range(7)])
     memory = history_to_status(learned)
     AutoscalerMemory.model_validate(memory)  # the CRD's status schema (generated from this model)
     back = histories_from_status({"decode": {"autoscaler": memory}})["decode"]
-    assert (back.capacity_factor, back.step_ratio, back.start_seconds) == (0.83, 0.812, 118.0)
+    assert (back.capacity_factor, back.step_ratio, back.start_seconds, back.basis) == (0.83, 0.812, 118.0, "0123abcd")
+    # a clock stepped back must not write what the schema refuses (startSeconds >= 0)
+    AutoscalerMemory.model_validate(history_to_status(History(start_seconds=-3.0)))
     assert back.demands == learned.demands and back.demand_slope() == pytest.approx(learned.demand_slope())
     # nothing learned: nothing written (a pruned field is dropped by server-side apply), read back as fresh
     fresh = history_to_status(History())
@@ -261,12 +263,15 @@ def test_what_the_law_learned_survives_a_failover_in_status():
 def test_a_failover_keeps_the_measured_engine_speed():
     import copy
 
+    from pd_operator.api import validate_service
     from pd_operator.autoscale.decide import History
+    from pd_operator.autoscale.plan import learning_basis
 
     kube = FakeKube()
     b = body()
     first = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1000.0)
-    first.histories[("ns", "svc")] = {"decode": History(step_ratio=0.8)}
+    basis = learning_basis(validate_service(b), "decode")
+    first.histories[("ns", "svc")] = {"decode": History(step_ratio=0.8, basis=basis)}
     first.run_once([b], force=True)
     assert kube.status["decode"]["autoscaler"]["stepRatio"] == 0.8
     b_after = copy.deepcopy(b)
@@ -274,3 +279,10 @@ def test_a_failover_keeps_the_measured_engine_speed():
     second = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1030.0)
     second.run_once([b_after], force=True)
     assert second.histories[("ns", "svc")]["decode"].step_ratio == 0.8
+    # a new engine image while the standby takes over: what was learned on the old one is forgotten
+    b_new = copy.deepcopy(b_after)
+    b_new["spec"]["engine"]["image"] = "registry.example.com/vllm/vllm-openai:v0.34.0"
+    third = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1060.0)
+    third.run_once([b_new], force=True)
+    assert third.histories[("ns", "svc")]["decode"].step_ratio is None
+    assert "stepRatio" not in kube.status["decode"]["autoscaler"]

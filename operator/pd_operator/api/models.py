@@ -1286,6 +1286,9 @@ class AutoscalerMemory(Base):
         None, ge=0.0, description="Seconds from the last scale-up to its pods Ready, as observed.")
     demands: list[Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
         default_factory=list, max_length=64, description="Recent offered demand: [unix time, tokens/s] (the trend).")
+    basis: Optional[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        None, description="Digest of the engine, model and pool settings capacityFactor and stepRatio were learned on; "
+        "a change of them forgets both.")
 
 
 class PoolStatus(Base):

@@ -237,32 +237,38 @@ def step_time_ratio(svc: PDInferenceService, mean_isl: float | None, mean_osl: f
 
 
 def prefill_time_ratio(svc: PDInferenceService, mean_isl: float | None, running_per_replica: float | None,
-                       mean_prefill_time: float | None) -> float | None:
+                       mean_prefill_time: float | None, cached_share: float | None = None) -> float | None:
     """The prefill engines' step time over the cost model's, as they ran: the observed mean
-    prefill time (vLLM's ``request_prefill_time_seconds``: from a request's first scheduled
-    step to its first token) over the model's time for the same work. A request shares its
-    step with the others running (``running_per_replica`` over the replica's engines, at
-    least itself), prompts of ``mean_isl`` tokens: one step of a fixed cost and their chunks
-    while they fit the step's token budget; past it, the request waits for as many full
-    steps as its share of the tokens fills. By Little's law the running count is arrivals x
-    prefill time, so this is a step model at the load the engine ran; a batch that varies
-    reads slower than its mean (the request-weighted step is the longer one), never faster.
-    None where the cost model does not apply, or nothing ran."""
+    prefill time (vLLM's ``request_prefill_time_seconds``, SGLang's prefill_forward stage:
+    from a request's first scheduled step to its first token) over the model's time for the
+    same work. The work of a prompt is its tokens not served from a prefix cache
+    (``cached_share`` of them are: computed after a cached prefix of that length). A request
+    shares its step with the others running (``running_per_replica`` over the replica's
+    engines, at least itself): one step of a fixed cost and their chunks while they fit the
+    step's token budget; past it, the request waits for as many full steps as its share of
+    the tokens fills. By Little's law the running count is arrivals x prefill time, so this
+    is a step model at the load the engine ran; a batch that varies reads slower than its
+    mean (the request-weighted step is the longer one), never faster. None where the cost
+    model does not apply, nothing ran, or every prompt token came from the cache."""
     cost = replica_cost_model(svc.spec, "prefill")
     if (cost is None or not mean_prefill_time or mean_prefill_time <= 0 or not mean_isl or mean_isl <= 0
             or running_per_replica is None):
+        return None
+    share = min(1.0, max(0.0, cached_share or 0.0))
+    computed, prefix = mean_isl * (1 - share), int(mean_isl * share)
+    if computed < 1:
         return None
     pool = svc.spec.pool("prefill")
     _, ranks = pool_cost_model(cost.shape, svc.spec.engine.kind, pool)
     budget = pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
     prompts = max(1.0, running_per_replica / ranks)
-    chunk = max(1, int(min(mean_isl, budget)))
-    per_prompt = cost.prefill_chunk_ms(0, chunk) * mean_isl / chunk  # a prompt longer than the budget: its chunks
-    tokens = prompts * mean_isl
+    chunk = max(1, int(min(computed, budget)))
+    per_prompt = cost.prefill_chunk_ms(prefix, chunk) * computed / chunk  # a prompt longer than the budget: its chunks
+    tokens = prompts * computed
     if tokens <= budget:
         expected = cost.prefill_fixed_ms() + prompts * per_prompt
     else:  # full steps, as many as the tokens running fill
-        expected = tokens / budget * (cost.prefill_fixed_ms() + budget / mean_isl * per_prompt)
+        expected = tokens / budget * (cost.prefill_fixed_ms() + budget / computed * per_prompt)
     return mean_prefill_time / (expected / 1e3)
 
 

@@ -144,6 +144,9 @@ class History:
     # seconds from a scale-up to its pods Ready, as last observed (rule 3d); None: not yet
     start_seconds: float | None = None
     scaled_up: tuple[float, int] | None = None  # (when, to how many) of the scale-up awaited, for start_seconds
+    # what capacity_factor and step_ratio were learned on (plan.learning_basis: the engine, model and
+    # pool settings they depend on); None: not recorded yet
+    basis: str | None = None
 
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
@@ -480,7 +483,7 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     # 3d: how long a scale-up takes to serve (all pods Ready), the demand trend's lead
     if (history.scaled_up is not None and state.starting == 0 and state.replicas >= history.scaled_up[1]
             and 0 < state.replicas <= state.ready):
-        history.start_seconds = now - history.scaled_up[0]
+        history.start_seconds = max(0.0, now - history.scaled_up[0])  # a clock stepped back: no lead
         history.scaled_up = None
 
     # 2./3. recommendation: the largest of the signals'

@@ -9,6 +9,8 @@ estimate at the observed mean ISL/OSL: :mod:`.capacity`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,12 +66,31 @@ def step_ratio(svc: PDInferenceService, role: str, inp: PoolInput, history: Hist
         if role == "decode":
             r = step_time_ratio(svc, obs.mean_isl, obs.mean_osl, obs.osl_bias, per_replica, obs.mean_itl)
         else:
-            r = prefill_time_ratio(svc, obs.mean_isl, per_replica, obs.mean_prefill_time)
+            r = prefill_time_ratio(svc, obs.mean_isl, per_replica, obs.mean_prefill_time, obs.cached_share)
         if r is not None:
             r = min(MAX_STEP_RATIO, max(MIN_STEP_RATIO, r))
             prior = 1.0 if history.step_ratio is None else history.step_ratio  # the model until measured
             history.step_ratio = (1 - STEP_RATIO_WEIGHT) * prior + STEP_RATIO_WEIGHT * r
     return None if history.step_ratio is None else min(1.0, history.step_ratio)
+
+
+def learning_basis(svc: PDInferenceService, role: str) -> str:
+    """A digest of what the learned capacity correction (rule 3b) and step time (3b') depend on:
+    the model, the engine (kind, image, its settings) and the pool's settings but its size and
+    its autoscaling policy. A change of it (a new engine image, another TP, another GPU, other
+    flags) forgets what was learned on the old one."""
+    spec = svc.spec
+    pool = spec.pool(role).model_dump(mode="json", exclude={"replicas", "autoscaling"})
+    basis = {"model": spec.model.model_dump(mode="json"), "engine": spec.engine.model_dump(mode="json"), "pool": pool}
+    return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _relearn_on_change(svc: PDInferenceService, role: str, history: History) -> None:
+    basis = learning_basis(svc, role)
+    if history.basis != basis:
+        if history.basis is not None or history.step_ratio is not None or history.capacity_factor < 1.0:
+            history.capacity_factor, history.step_ratio = 1.0, None
+        history.basis = basis
 
 
 def _capacity(svc: PDInferenceService, role: str, inp: PoolInput, ratio: float | None = None) -> Capacity | None:
@@ -168,6 +189,7 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
         if role == "decode" and "prefill" in inputs:
             upstream = decode_offered_from_prefill(inputs["prefill"].observation, inp.observation)
         history = histories.setdefault(role, History())
+        _relearn_on_change(svc, role, history)
         signal = _signal(svc, role, inp, upstream, step_ratio(svc, role, inp, history, now))
         d = decide(pool.autoscaling, inp.state, signal, history, now, interval)
         decisions[role] = d

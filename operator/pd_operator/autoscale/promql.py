@@ -46,6 +46,8 @@ METRICS: dict[str, dict[str, str]] = {
         "generation_hist": "vllm:request_generation_tokens",
         # histogram of each request's first scheduled step to its first token (vllm/v1/metrics/stats.py)
         "prefill_time": "vllm:request_prefill_time_seconds",
+        # prompt tokens not computed: prefix-cache hits, local and external (vllm/v1/metrics/loggers.py)
+        "prompt_cached": "vllm:prompt_tokens_cached_total",
     },
     "sglang": {
         "ttft": "sglang:time_to_first_token_seconds",
@@ -61,6 +63,8 @@ METRICS: dict[str, dict[str, str]] = {
         # per-stage latency histogram, its prefill_forward stage (METRIC_MATCHERS): a request's first
         # forward to its prefill done (sglang/srt/observability/req_time_stats.py)
         "prefill_time": "sglang:per_stage_req_latency_seconds",
+        # cached prompt tokens by cache_source, series created at the first hit (same file)
+        "prompt_cached": "sglang:cached_tokens_total",
     },
 }
 
@@ -155,6 +159,14 @@ def mean_prefill_time_query(engine: str, window: str = "1m") -> Query | None:
     return _mean_query(engine, "prefill", "prefill_time", "mean_prefill_time", window)
 
 
+def cached_share_query(engine: str, window: str = "1m") -> Query:
+    """The share of the prefill pods' prompt tokens served from a prefix cache (not
+    computed) over the window, for all services. No series without cache hits."""
+    m, sel = METRICS[engine], _sel("prefill")
+    return Query((engine, "prefill", "cached_share", 0.0),
+                 f"sum by ({BY}) (rate({m['prompt_cached']}{sel}[{window}])) / sum by ({BY}) (rate({m['prompt_tokens']}{sel}[{window}]))")
+
+
 def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:
     """A secondary signal (``queueDepth``, ``kvCacheUsage``): the engine gauge
     averaged over the window and over the pool's pods, for all services."""
@@ -213,6 +225,7 @@ def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
         out["mean_itl"] = mean_itl_query(engine, window)
     elif (prefill_time := mean_prefill_time_query(engine, window)) is not None:
         out["mean_prefill_time"] = prefill_time
+        out["cached_share"] = cached_share_query(engine, window)
     out.update({SECONDARY[m][1]: secondary_query(engine, role, m, window) for m in sorted(set(secondaries))})
     return out
 
@@ -236,7 +249,8 @@ class Observation:
     running_total: float | None = None  # running requests, all pods of the pool
     osl_bias: float | None = None       # E[OSL^2] / E[OSL] from the generated-tokens histogram
     mean_itl: float | None = None       # mean inter-token latency, seconds (decode pods): the mean step time
-    mean_prefill_time: float | None = None  # mean prefill time, seconds (prefill pods, vLLM)
+    mean_prefill_time: float | None = None  # mean prefill time, seconds (prefill pods)
+    cached_share: float | None = None  # share of the prompt tokens served from a prefix cache (prefill pods)
 
 
 def _finite(value: float | None) -> float | None:

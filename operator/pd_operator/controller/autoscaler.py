@@ -482,8 +482,9 @@ MEMORY_ITEMS = 64  # status.<pool>.autoscaler lists (the CRD's maxItems)
 def history_to_status(history: History) -> dict:
     """A pool's History as status keeps it: the stabilization windows' recommendations and
     resizes (the newest MEMORY_ITEMS of each), and what the law learned -- the capacity
-    correction (rule 3b), the engines' step time (3b'), the pods' start time and the demand
-    of the trend window (3d) -- so that a failover does not relearn them."""
+    correction (rule 3b), the engines' step time (3b'), what those were learned on, the pods'
+    start time and the demand of the trend window (3d) -- so that a failover does not relearn
+    them."""
     out: dict = {"recommendations": [[round(e.at, 3), e.replicas] for e in history.recommendations[-MEMORY_ITEMS:]],
                  "changes": [[round(c.at, 3), c.before, c.after] for c in history.changes[-MEMORY_ITEMS:]],
                  "demands": [[round(at, 3), round(d, 3)] for at, d in history.demands[-MEMORY_ITEMS:]]}
@@ -492,7 +493,9 @@ def history_to_status(history: History) -> dict:
     if history.step_ratio is not None:
         out["stepRatio"] = round(history.step_ratio, 4)
     if history.start_seconds is not None:
-        out["startSeconds"] = round(history.start_seconds, 1)
+        out["startSeconds"] = round(max(0.0, history.start_seconds), 1)  # the schema's minimum
+    if history.basis is not None:
+        out["basis"] = history.basis
     return out
 
 
@@ -508,7 +511,8 @@ def histories_from_status(status: dict) -> dict[str, History]:
                                 demands=[(float(a), float(d)) for a, d in mem.get("demands") or []],
                                 capacity_factor=min(1.0, float(factor)) if factor is not None else 1.0,
                                 step_ratio=float(ratio) if ratio is not None else None,
-                                start_seconds=float(start) if start is not None else None)
+                                start_seconds=float(start) if start is not None else None,
+                                basis=str(mem["basis"]) if mem.get("basis") is not None else None)
         except (TypeError, ValueError):
             out[role] = History()
     return out

@@ -8,7 +8,8 @@ histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seco
 ``vllm:request_generation_tokens``; gauges ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``; counters
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
-``vllm:request_success_total``, ``vllm:num_preemptions_total``.
+``vllm:request_success_total``, ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_cached_total``
+(always 0: no prefix cache).
 
 SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
 ``tp_rank`` = "0"): histograms ``sglang:time_to_first_token_seconds``,
@@ -89,6 +90,9 @@ class PromSink(Sink):
             self._req_prompt = Histogram(p + "request_prompt_tokens", "Prompt tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
             self._req_gen = Histogram(p + "request_generation_tokens", "Generated tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
+            # no prefix cache in the sim: created at 0 per engine, as vLLM does
+            Counter(p + "prompt_tokens_cached", "Number of cached prompt tokens (local + external).", names,
+                    registry=r).labels(*lv)
             self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
             self._success = Counter(p + "request_success", "Finished requests", names + ["finished_reason"], registry=r)
             self._lv = lv
