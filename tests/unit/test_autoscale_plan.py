@@ -402,3 +402,13 @@ def test_a_new_engine_forgets_what_was_learned_on_the_old_one():
     other = svc(decode={"autoscaling": AUTO, "tensorParallelSize": 2})
     plan_service(other, {"decode": PoolInput(PoolState(10, 10), None, 1030.0)}, {"decode": history}, now=1030.0)
     assert history.step_ratio is None and history.capacity_factor == 1.0
+
+
+def test_the_measured_speed_scales_the_prefill_latency_floor():
+    # the feedback sizes the pool on the TTFT above the no-load floor; faster engines have a lower one
+    from pd_operator.autoscale.capacity import latency_floor
+
+    s = svc(prefill={"autoscaling": AUTO})
+    model = latency_floor(s, "prefill", 2000.0, None)
+    assert latency_floor(s, "prefill", 2000.0, None, step_ratio=0.8) == pytest.approx(0.8 * model)
+    assert latency_floor(s, "prefill", 2000.0, None, step_ratio=None) == model
