@@ -296,6 +296,20 @@ def test_capacity_not_corrected_without_a_queue_or_while_resizing():
     assert h.capacity_factor == 1.0 and h.saturated_since == 970.0
 
 
+def test_a_queue_on_some_pods_only_is_not_saturation():
+    # after a scale-up from 2 to 8, the 2 old pods still hold the backlog routed to them (16
+    # waiting, 2 per replica summed) while the 6 new ones take only new arrivals: the pool
+    # produces far less than 8 saturated replicas would, and that is not its capacity
+    uneven = sig(20.0, demand=400, capacity=40, produced=120, utilization=0.8, waiting=16, waiting_min=0.0)
+    h = History(saturated_since=900.0)
+    decide(prefill(max_replicas=32), PoolState(replicas=8, ready=8), uneven, h, now=1000.0)
+    assert h.capacity_factor == 1.0 and h.saturated_since is None
+    # every pod with a queue: saturated, corrected (120 / 8 = 15 per replica of 50 sustained)
+    h = History(saturated_since=900.0)
+    decide(prefill(max_replicas=32), PoolState(replicas=8, ready=8), replace(uneven, waiting_min=1.5), h, now=1000.0)
+    assert abs(h.capacity_factor - (0.5 + 0.5 * 15 / 50)) < 1e-9
+
+
 def test_capacity_factor_recovers_when_replicas_sustain_more():
     h = History(capacity_factor=0.5)
     decide(prefill(max_replicas=32), PoolState(replicas=4, ready=4),

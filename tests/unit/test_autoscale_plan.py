@@ -189,6 +189,22 @@ def test_decode_demand_is_offered_load_not_produced_tokens():
     assert offered_load("prefill", Observation(5.0, 40000.0, mean_isl=2000, waiting_total=0, running_total=30)) == 41000.0
 
 
+
+def test_prefill_offered_load_is_arrivals_plus_the_backlog_as_it_is_now():
+    # a flash crowd's first minute: 2 saturated replicas produce 40k tok/s; the backlog averaged
+    # 150 prompts over the minute but is 300 now, and grew by 5 prompts/s: arrivals are
+    # 40k + 5 x 2000 = 50k tok/s, and the 300 prompts now are 10k tok/s more over a minute
+    obs = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=30,
+                      backlog_now=300, backlog_growth=5.0)
+    assert offered_load("prefill", obs) == 40000.0 + 10000.0 + 10000.0
+    # a shrinking backlog does not lower the demand below what the pool produced and still holds
+    drain = Observation(5.0, 40000.0, mean_isl=2000, backlog_now=300, backlog_growth=-5.0)
+    assert offered_load("prefill", drain) == 50000.0
+    # without the instant figures (an older Prometheus answer): the window's averages
+    assert offered_load("prefill", Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120,
+                                               running_total=30)) == 45000.0
+
+
 def test_decode_sized_from_what_prefill_is_offered():
     # prefill has a backlog decode has not seen yet: 44k prompt tok/s / 2000 x 1000 = 22k gen tok/s
     pre = Observation(5.0, 40000.0, mean_isl=2000, waiting_total=120, running_total=0)

@@ -30,9 +30,10 @@ def test_series_without_our_labels_are_ignored():
 
 
 def test_pool_queries_ask_for_secondaries_only_when_wanted():
-    load = {"waiting_total", "running_total"}  # offered load: always asked (decide's demand)
+    load = {"waiting_total", "running_total", "waiting_min"}  # offered load: always asked (decide's demand)
     assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl",
-                                                          "mean_prefill_time", "cached_share"} | load
+                                                          "mean_prefill_time", "cached_share",
+                                                          "backlog_now", "backlog_growth"} | load
     # the share of prompt tokens served from a prefix cache: they cost no prefill time
     assert pool_queries("vllm", "prefill", 0.99)["cached_share"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_cached_total{pdserving_io_role="prefill"}[1m]))'
@@ -51,6 +52,9 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
     assert decode["mean_itl"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_sum{pdserving_io_role="decode"}[1m]))'
         ' / sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_count{pdserving_io_role="decode"}[1m]))')
+    # whether every pod has a queue: the least of the pods' window averages
+    assert decode["waiting_min"].promql == (
+        'min by (namespace, pdserving_io_service) (avg_over_time(vllm:num_requests_waiting{pdserving_io_role="decode"}[1m]))')
     for q in decode.values():  # one query per signal for all services
         assert "by (namespace, pdserving_io_service" in q.promql
 
@@ -67,3 +71,14 @@ def test_extra_results_fill_the_observation_and_nan_is_no_data():
     assert obs[("a", "busy")] == Observation(0.5, None, mean_isl=1800.0, mean_osl=400.0, queue=3.5)
     assert obs[("a", "idle")] == Observation(0.0, None, mean_isl=None, mean_osl=None, queue=0.0)
     assert obs[("a", "busy")].kv_usage is None  # not asked for
+
+
+def test_prefill_backlog_now_and_its_growth_over_the_window():
+    q = pool_queries("sglang", "prefill", 0.99, window="30s")
+    now = ('sum by (namespace, pdserving_io_service) (sglang:num_queue_reqs{pdserving_io_role="prefill"})'
+           ' + sum by (namespace, pdserving_io_service) (sglang:num_running_reqs{pdserving_io_role="prefill"})')
+    assert q["backlog_now"].promql == now
+    # the sums of each moment (pods come and go), a window apart, over the window's seconds
+    assert q["backlog_growth"].promql == (
+        f"({now} - (" + now.replace('"prefill"})', '"prefill"} offset 30s)') + ")) / 30")
+    assert "backlog_now" not in pool_queries("vllm", "decode", 0.99)

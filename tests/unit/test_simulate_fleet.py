@@ -45,3 +45,28 @@ def test_fast_decode_matches_engine_request_by_request():
         first, last = done[i]
         assert abs(first - r.first_token) < 1e-6, (i, first, r.first_token)
         assert abs(last - r.last_token) < 1e-6, (i, last, r.last_token)
+
+
+def _scrape(t, waiting_by_pod, running):
+    """A scrape of the prefill pool only: per-pod waiting (pod id -> count) and running counts."""
+    return {"t": t, "waiting": {"prefill": list(waiting_by_pod.values()), "decode": []},
+            "running": {"prefill": running, "decode": []},
+            "waiting_by_pod": {"prefill": waiting_by_pod, "decode": {}}}
+
+
+def test_scraper_backlog_growth_and_least_pod_queue_as_promql_reads_them():
+    from pd_operator_tools.autoscalesim.fleet import Scraper
+
+    prom = Scraper()
+    prom.add(_scrape(0.0, {1: 10, 2: 10}, [4, 4]))
+    assert prom.backlog_growth("prefill") is None  # no sample a window ago: no series
+    prom.add(_scrape(15.0, {1: 20, 2: 20}, [4, 4]))
+    prom.add(_scrape(30.0, {1: 30, 2: 30, 3: 0}, [4, 4, 1]))  # pod 3 joins, takes new arrivals only
+    prom.add(_scrape(45.0, {1: 40, 2: 40, 3: 0}, [4, 4, 2]))
+    prom.add(_scrape(60.0, {1: 50, 2: 50, 3: 1}, [4, 4, 2]))
+    assert prom.backlog("prefill") == 111.0
+    # (111 now - 28 at t=0) / 60 s: the sums of each moment, the pod added meanwhile included
+    assert prom.backlog_growth("prefill") == (111.0 - 28.0) / 60.0
+    # each pod's average over the scrapes of the window it appears in (t > 0: the left end
+    # excluded), the least: pod 3's (0 + 0 + 1) / 3, though the pool's sum is 100 waiting
+    assert prom.min_pod_avg_over_time("prefill") == 1.0 / 3.0

@@ -90,6 +90,8 @@ class Signal:
     utilization: float = 1.0
     # requests waiting in the pool's queues (sum over its pods); None: unknown
     waiting: float | None = None
+    # the least of the pods' waiting requests (each averaged over the window); None: unknown
+    waiting_min: float | None = None
     # the latency alone shows saturation (decode: one step is shared by the whole batch, so an
     # ITL above target is load); False: saturation also needs a queue (prefill: a few long
     # prompts raise the TTFT quantile of a pool that is not full)
@@ -298,7 +300,7 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
 def _corrected_capacity(signal: Signal, state: PoolState, target: float, tolerance: float,
                         history: History, now: float) -> tuple[float | None, str]:
     """The per-replica capacity corrected online (rule 3b). Decode (``latency_saturates``) is
-    saturated when requests queue (at least one waiting per Ready replica: every slot is
+    saturated when requests queue (at least one waiting at every pod: every slot is
     taken) or its ITL is above the target (not only above the band: a decode pool at 52 ms
     is inside a 10 % band and misses a 50 ms SLO on every request; one step is shared by
     the whole batch, so an ITL above target is load). Prefill needs both a queue and a TTFT
@@ -315,7 +317,14 @@ def _corrected_capacity(signal: Signal, state: PoolState, target: float, toleran
     cap = signal.capacity
     if not cap:
         return cap, ""
-    queued = signal.waiting is not None and signal.waiting >= state.ready  # >= 1 waiting per replica
+    # every pod with a queue (a summed queue can sit on a few pods: an engine keeps what was
+    # routed to it, so after a scale-up the old pods hold the backlog and the new ones, taking
+    # only new arrivals, produce less than they could); without the per-pod figure, >= 1
+    # waiting per replica
+    if signal.waiting_min is not None:
+        queued = signal.waiting_min >= 1
+    else:
+        queued = signal.waiting is not None and signal.waiting >= state.ready
     above = signal.observed is not None and signal.observed > target
     saturated = (queued or above) if signal.latency_saturates else (queued and above)
     if not saturated:

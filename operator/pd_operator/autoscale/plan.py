@@ -105,10 +105,13 @@ def offered_load(role: str, obs: Observation | None) -> float | None:
     """The pool's demand as offered load, not only what it produced (a saturated pool
     produces its capacity, whatever is offered): decode, generated tokens/s x (running +
     waiting) / running (each waiting stream would generate as a running one does);
-    prefill, prompt tokens/s + the waiting and running prompts (x mean ISL) over
-    ``QUEUE_DRAIN_S`` (a prefill engine admits up to max-num-seqs prompts and shares its
-    chunked steps among them: its backlog shows as running; found by the closed-loop test).
-    Without the queue gauges: what the pool produced."""
+    prefill, the arrivals (prompt tokens/s produced plus the backlog's growth: a fluid
+    queue's balance) and the backlog (waiting and running prompts) to clear within
+    ``QUEUE_DRAIN_S``, both x the mean ISL (a prefill engine admits up to max-num-seqs
+    prompts and shares its chunked steps among them: its backlog shows as running; found by
+    the closed-loop test). The backlog as it is now, not averaged over the window, which
+    lags a growing one by half the window (found by the flash-crowd trace). Without the
+    queue gauges: what the pool produced."""
     if obs is None or obs.demand is None:
         return None
     produced, waiting = obs.demand, obs.waiting_total or 0.0
@@ -119,8 +122,9 @@ def offered_load(role: str, obs: Observation | None) -> float | None:
         return produced * (running + waiting) / running if running > 0 and produced > 0 else produced
     # prefill: a running prompt is not prefilled yet either (an engine admits up to max-num-seqs
     # prompts and shares its chunked steps among them: a backlog shows as running, not waiting)
-    backlog = waiting + (obs.running_total or 0.0)
-    return produced + backlog * (obs.mean_isl or 0.0) / QUEUE_DRAIN_S
+    backlog = obs.backlog_now if obs.backlog_now is not None else waiting + (obs.running_total or 0.0)
+    growth = max(0.0, obs.backlog_growth or 0.0)  # a shrinking backlog: arrivals below what was produced
+    return produced + (growth + backlog / QUEUE_DRAIN_S) * (obs.mean_isl or 0.0)
 
 
 def decode_offered_from_prefill(prefill: Observation | None, decode: Observation | None) -> float | None:
@@ -152,6 +156,7 @@ def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float 
         produced=obs.demand if obs else None,
         utilization=capacity.utilization if capacity else 1.0,
         waiting=obs.waiting_total if obs else None,
+        waiting_min=obs.waiting_min if obs else None,
         latency_saturates=role == "decode",
     )
 

@@ -27,6 +27,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..api.models import duration_seconds
+
 NS = "namespace"
 SERVICE = "pdserving_io_service"
 ROLE = "pdserving_io_role"
@@ -181,6 +183,32 @@ def load_query(engine: str, role: str, name: str, window: str = "1m") -> Query:
     return Query((engine, role, name, 0.0), f"sum by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
 
 
+def waiting_min_query(engine: str, role: str, window: str = "1m") -> Query:
+    """The least, over the pool's pods, of each pod's waiting requests averaged over the window:
+    at least one means every pod had a queue (``waiting_min``). A pool's summed queue can sit
+    on a few pods: an engine keeps the requests routed to it, so after a scale-up the old pods
+    hold the backlog while the new ones take only new arrivals."""
+    gauge = METRICS[engine]["waiting"]
+    return Query((engine, role, "waiting_min", 0.0), f"min by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
+
+
+def backlog_queries(engine: str, window: str = "1m") -> dict[str, Query]:
+    """The prefill pool's backlog (waiting + running requests, summed over its pods) now
+    (``backlog_now``), and its growth per second over the window (``backlog_growth``: the
+    backlog now less the backlog a window ago, over the window; the sums cover the pods of
+    each moment, so pods added or removed meanwhile do not read as growth). No growth series
+    for a pool that had no pods a window ago."""
+    m, sel = METRICS[engine], _sel("prefill")
+
+    def backlog(offset: str = "") -> str:
+        return (f"sum by ({BY}) ({m['waiting']}{sel}{offset}) + sum by ({BY}) ({m['running']}{sel}{offset})")
+
+    seconds = duration_seconds(window)
+    return {"backlog_now": Query((engine, "prefill", "backlog_now", 0.0), backlog()),
+            "backlog_growth": Query((engine, "prefill", "backlog_growth", 0.0),
+                                    f"({backlog()} - ({backlog(f' offset {window}')})) / {seconds:g}")}
+
+
 def length_hist_query(engine: str, window: str = "1m") -> Query:
     """The rate of the decode pods' histogram of generated tokens per request, by bucket
     (``le``): the spread of output lengths (capacity.length_bias)."""
@@ -220,12 +248,15 @@ def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
     out = {"quantile": quant, "rate": rate, "demand": demand_query(engine, role, window)}
     out.update({name: mean_length_query(engine, name, window) for name in CAPACITY_INPUTS[role]})
     out.update({name: load_query(engine, role, name, window) for name in LOAD})
+    out["waiting_min"] = waiting_min_query(engine, role, window)
     if role == "decode":
         out["osl_hist"] = length_hist_query(engine, window)
         out["mean_itl"] = mean_itl_query(engine, window)
-    elif (prefill_time := mean_prefill_time_query(engine, window)) is not None:
-        out["mean_prefill_time"] = prefill_time
-        out["cached_share"] = cached_share_query(engine, window)
+    else:
+        out.update(backlog_queries(engine, window))
+        if (prefill_time := mean_prefill_time_query(engine, window)) is not None:
+            out["mean_prefill_time"] = prefill_time
+            out["cached_share"] = cached_share_query(engine, window)
     out.update({SECONDARY[m][1]: secondary_query(engine, role, m, window) for m in sorted(set(secondaries))})
     return out
 
@@ -247,10 +278,13 @@ class Observation:
     kv_usage: float | None = None  # KV-cache usage fraction 0..1 per replica
     waiting_total: float | None = None  # waiting requests, all pods of the pool
     running_total: float | None = None  # running requests, all pods of the pool
+    waiting_min: float | None = None    # the least of the pods' waiting requests (window averages)
     osl_bias: float | None = None       # E[OSL^2] / E[OSL] from the generated-tokens histogram
     mean_itl: float | None = None       # mean inter-token latency, seconds (decode pods): the mean step time
     mean_prefill_time: float | None = None  # mean prefill time, seconds (prefill pods)
     cached_share: float | None = None  # share of the prompt tokens served from a prefix cache (prefill pods)
+    backlog_now: float | None = None     # waiting + running requests now, all pods (prefill pods)
+    backlog_growth: float | None = None  # the backlog's growth over the window, requests/s (prefill pods)
 
 
 def _finite(value: float | None) -> float | None:

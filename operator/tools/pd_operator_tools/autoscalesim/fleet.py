@@ -541,6 +541,9 @@ class BenchFleet:
             "itl": itl, "itl_sum": itl_sum, "itl_count": itl_cnt,
             "waiting": {"prefill": [e.num_waiting for e in ready_p], "decode": [e.num_waiting for e in ready_d]},
             "running": {"prefill": [e.num_running for e in ready_p], "decode": [e.num_running for e in ready_d]},
+            # the same gauge by pod, for per-pod functions over a window (min of avg_over_time)
+            "waiting_by_pod": {"prefill": {id(e): e.num_waiting for e in ready_p},
+                               "decode": {id(e): e.num_waiting for e in ready_d}},
             "kv_usage": {"prefill": [e.kv_usage for e in ready_p], "decode": [e.kv_usage for e in ready_d]},
             "gen_tokens": self.gen_tokens,
             "arrived": self.arrived, "arrived_prompt": self.arrived_prompt, "arrived_output": self.arrived_output,
@@ -636,6 +639,33 @@ class Scraper:
     def gauge_sum(self, key: str, role: str) -> float | None:
         """``sum(gauge{role})`` at the last scrape (None without a scrape)."""
         return float(sum(self.last[key][role])) if self.last else None
+
+    def backlog(self, role: str, scrape: dict | None = None) -> float | None:
+        """``sum(waiting{role}) + sum(running{role})`` at a scrape (default: the last)."""
+        s = self.last if scrape is None else scrape
+        return float(sum(s["waiting"][role]) + sum(s["running"][role])) if s else None
+
+    def backlog_growth(self, role: str, window: float = 60.0) -> float | None:
+        """``(backlog - backlog offset window) / window`` (promql.backlog_queries); None without a
+        scrape a window before the last (no sample there: no series)."""
+        s1 = self.last
+        if s1 is None:
+            return None
+        s0 = next((s for s in reversed(self.scrapes) if s["t"] <= s1["t"] - window + 1e-6), None)
+        return None if s0 is None else (self.backlog(role) - self.backlog(role, s0)) / window
+
+    def min_pod_avg_over_time(self, role: str, key: str = "waiting_by_pod", window: float = 60.0) -> float | None:
+        """``min(avg_over_time(gauge{role}[window]))``: each pod's average over the scrapes of the
+        window it appears in, the least of them (promql.waiting_min_query); None without a pod."""
+        if not self.scrapes:
+            return None
+        t1 = self.scrapes[-1]["t"]
+        per_pod: dict[int, list[float]] = {}
+        for s in self.scrapes:
+            if s["t"] > t1 - window + 1e-6:
+                for pod, v in s[key][role].items():
+                    per_pod.setdefault(pod, []).append(v)
+        return min(sum(v) / len(v) for v in per_pod.values()) if per_pod else None
 
     def gauge_avg_over_time(self, key: str, role: str, window: float = 60.0) -> float | None:
         """``avg(avg_over_time(gauge{role}[window]))``: the pods' average over the scrapes of the

@@ -50,9 +50,12 @@ def observe(prom: Scraper, role: str, quantile: float, decode_demand: str = "tok
                        mean_osl=prom.ratio("gen_tokens", "decoded"),
                        waiting_total=prom.gauge_sum_avg_over_time("waiting", role),
                        running_total=prom.gauge_sum_avg_over_time("running", role),
+                       waiting_min=prom.min_pod_avg_over_time(role),
                        osl_bias=bias,
                        mean_itl=prom.ratio("itl_sum", "itl_count") if role == "decode" else None,
                        mean_prefill_time=prom.ratio("prefill_sum", "prefill_count") if role == "prefill" else None,
+                       backlog_now=prom.backlog(role) if role == "prefill" else None,
+                       backlog_growth=prom.backlog_growth(role) if role == "prefill" else None,
                        queue=prom.gauge_avg_over_time("waiting", role) if "queueDepth" in secondaries else None,
                        kv_usage=prom.gauge_avg_over_time("kv_usage", role) if "kvCacheUsage" in secondaries else None)
 
