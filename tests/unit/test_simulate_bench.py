@@ -59,3 +59,20 @@ def test_pd_operator_policy_is_the_operators_code_path():
     r = runner.run_policy(replace(SMOKE, hours=0.25), policy)
     assert r.requests > 1000 and policy.reasons  # it scaled, through plan_service, with reasons
     assert all(role in ("prefill", "decode") and "->" in why for _, role, why in policy.reasons)
+
+
+def test_oracle_without_lookahead_loses_a_flash_crowd_the_clairvoyant_oracle_serves():
+    """The suite's ``oracle-now`` row (the oracle's sizes ordered when the minute comes, pods
+    still 120 s to start) against the oracle (ordered a pod start ahead): on a step of the
+    load, only the one that knows the future serves the first minutes."""
+    from pd_operator.perfmodel.costmodel import CostModel
+    from pd_operator_tools.autoscalesim import suite
+    from pd_operator_tools.autoscalesim.oracle import oracle_need
+
+    entry = next(e for e in suite.SUITE if e.name == "flash-crowd")
+    trace = entry.window(1.0)
+    trace = replace(trace, hours=0.5, rate_scale=trace.rate_scale * 0.25)  # 10:45-11:15, the step at 11:00
+    need = oracle_need(trace, CostModel(), *suite.ORACLE_U)
+    ahead = runner.run_policy(trace, policies.Scheduled(need), CostModel())
+    now = runner.run_policy(trace, policies.Scheduled(need, lead=0.0), CostModel())
+    assert ahead.goodput >= 0.99 and now.goodput < ahead.goodput - 0.03
