@@ -49,11 +49,13 @@ def counter(name: str, rate: float, elapsed: float) -> dict[str, float]:
     return {name: 1000.0 + rate * elapsed}
 
 
-def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished=0.0, waiting=0.0, kv=0.0):
+def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished=0.0, waiting=0.0, kv=0.0,
+        running=0.0, more: dict[str, float] | None = None):
     """The metrics page of one engine pod: latency histograms (bucket rates),
-    token counters and finished requests (per second), and gauges."""
+    token counters and finished requests (per second), gauges, and ``more`` series as written."""
     waiting_gauge, kv_gauge = {"vllm": ("num_requests_waiting", "kv_cache_usage_perc"),
                                "sglang": ("num_queue_reqs", "token_usage")}[engine]
+    running_gauge = {"vllm": "num_requests_running", "sglang": "num_running_reqs"}[engine]
 
     def page(_scrape: int, elapsed: float) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -63,7 +65,9 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
         out.update(counter(f"{engine}:prompt_tokens_total", prompt, elapsed))
         out.update(counter(f"{engine}:generation_tokens_total", generated, elapsed))
         out[f"{engine}:{waiting_gauge}"] = waiting
+        out[f"{engine}:{running_gauge}"] = running
         out[f"{engine}:{kv_gauge}"] = kv
+        out.update(more or {})
         return out
 
     return page
@@ -73,14 +77,21 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
 PODS = {
     # vLLM, two prefill pods and one decode pod of team-a/busy
     ("team-a", "busy", "prefill"): [
-        pod("vllm", ttft={0.1: 1, 0.5: 2, 1.0: 1, INF: 0}, prompt=4000, waiting=2, kv=0.25),
-        pod("vllm", ttft={0.1: 0, 0.5: 1, 1.0: 1, INF: 0}, prompt=2000, waiting=6, kv=0.75),
+        pod("vllm", ttft={0.1: 1, 0.5: 2, 1.0: 1, INF: 0}, prompt=4000, waiting=2, kv=0.25, running=3),
+        pod("vllm", ttft={0.1: 0, 0.5: 1, 1.0: 1, INF: 0}, prompt=2000, waiting=6, kv=0.75, running=4),
     ],
     ("team-a", "busy", "decode"): [
         # A decode pod reports TTFTs and prompt tokens too (its own view of the
-        # requests): they must not enter the prefill quantile nor the ISL.
+        # requests): they must not enter the prefill quantile nor the ISL. Of its 1 waiting
+        # request, none waits for a slot: it is deferred on its KV pull (vLLM's by-reason gauge).
         pod("vllm", ttft={0.1: 50, 0.5: 0, 1.0: 0, INF: 0}, itl={0.025: 0, 0.05: 10, 0.1: 10, INF: 0},
-            prompt=9999, generated=500, finished=2, waiting=1, kv=0.5),
+            prompt=9999, generated=500, finished=2, waiting=1, kv=0.5, running=7,
+            more={'vllm:num_requests_waiting_by_reason{reason="capacity"}': 0.0,
+                  'vllm:num_requests_waiting_by_reason{reason="deferred"}': 1.0}),
+        # a second decode pod whose 4 waiting requests all wait for a slot
+        pod("vllm", itl={INF: 0}, waiting=4, running=8,
+            more={'vllm:num_requests_waiting_by_reason{reason="capacity"}': 4.0,
+                  'vllm:num_requests_waiting_by_reason{reason="deferred"}': 0.0}),
     ],
     # vLLM, idle: every counter flat
     ("team-a", "idle", "prefill"): [pod("vllm", ttft={0.1: 0, 0.5: 0, 1.0: 0, INF: 0})],
@@ -88,8 +99,15 @@ PODS = {
     ("team-b", "busy", "prefill"): [pod("vllm", ttft={0.1: 5, 0.5: 0, 1.0: 0, INF: 0}, prompt=500, waiting=9, kv=0.1)],
     # SGLang
     ("team-a", "sg", "prefill"): [pod("sglang", ttft={0.25: 0, 0.5: 3, 1.0: 1, INF: 0}, prompt=8000, waiting=5, kv=0.3)],
+    # with priority scheduling: the total under priority="" and a breakdown by priority besides;
+    # in PD, a decode pod's requests waiting for KV memory (a slot) are in its prealloc queue
     ("team-a", "sg", "decode"): [pod("sglang", itl={0.02: 4, 0.04: 4, INF: 0}, generated=300, finished=1.5,
-                                     waiting=3, kv=0.9)],
+                                     waiting=3, kv=0.9, running=12,
+                                     more={'sglang:num_queue_reqs{priority="0"}': 1.0,
+                                           'sglang:num_queue_reqs{priority="5"}': 2.0,
+                                           'sglang:num_running_reqs{priority="0"}': 12.0,
+                                           'sglang:num_decode_prealloc_queue_reqs': 4.0,
+                                           'sglang:num_decode_prealloc_queue_reqs{priority="0"}': 4.0})],
 }
 
 
@@ -128,6 +146,10 @@ def test_vllm_prefill(prom):
     assert busy.mean_isl == approx((4000 + 2000) / (4 + 2))  # prompt tokens per prefill request
     assert busy.mean_osl is None                           # prefill capacity does not need it: not asked
     assert busy.queue == approx((2 + 6) / 2)               # per replica
+    # no by-reason gauge on these pods (another vLLM version): the plain waiting gauge
+    assert (busy.waiting_total, busy.waiting_min, busy.running_total) == (approx(8), approx(2), approx(7))
+    # the backlog now, waiting + running over the pods, and its growth: flat pages, none
+    assert busy.backlog_now == approx(2 + 6 + 3 + 4) and busy.backlog_growth == 0.0
     assert busy.kv_usage == approx((0.25 + 0.75) / 2)
     # team-b/busy: its own pod only. (0,0.1] holds all 5/s: 0.1 x 0.99.
     other = obs[("team-b", "busy")]
@@ -154,8 +176,13 @@ def test_vllm_decode(prom):
     assert busy.demand == approx(500)            # generated tokens/s of the decode pods
     assert busy.mean_osl == approx(500 / 2)      # generated tokens per finished request
     assert busy.mean_isl == approx(6000 / 6)     # ISL from the prefill pods, not the decode pod's 9999/s
-    assert (busy.queue, busy.kv_usage) == (approx(1), approx(0.5))
+    # queueDepth: vLLM's waiting gauge as documented, (1 + 4) / 2 pods
+    assert (busy.queue, busy.kv_usage) == (approx(2.5), approx((0.5 + 0.0) / 2))
     assert set(obs) == {("team-a", "busy")}
+    # waiting for a slot: the by-reason gauge's capacity, not the KV pull in flight: 0 + 4;
+    # the least pod's: 0 (not every pod has a queue)
+    assert (busy.waiting_total, busy.waiting_min, busy.running_total) == (approx(4), 0.0, approx(15))
+    assert busy.backlog_now is None and busy.backlog_growth is None  # prefill pools only
 
 
 def test_without_secondaries_they_are_not_read(prom):
@@ -172,7 +199,10 @@ def test_sglang(prom):
     # (0,0.02] 4/s, (0.02,0.04] 4/s: rank 7.92 lies in (0.02,0.04], 4 below it
     assert dec.observed == approx(0.02 + 0.02 * (0.99 * 8 - 4) / 4)
     assert (dec.demand, dec.mean_osl, dec.mean_isl) == (approx(300), approx(300 / 1.5), approx(2000))
-    assert (dec.queue, dec.kv_usage) == (approx(3), approx(0.9))
+    assert (dec.queue, dec.kv_usage) == (approx(3), approx(0.9))  # the total, not the breakdown too
+    # waiting for a slot: the waiting queue and the prealloc queue, each its total once
+    assert (dec.waiting_total, dec.waiting_min, dec.running_total) == (approx(3 + 4), approx(7), approx(12))
+    assert (pre.waiting_total, pre.backlog_now) == (approx(5), approx(5))
     # vLLM's series are not SGLang's
     assert ("team-a", "busy") not in prom.pool("sglang", "prefill", 0.99, window=WINDOW)
 

@@ -52,9 +52,12 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
     assert decode["mean_itl"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_sum{pdserving_io_role="decode"}[1m]))'
         ' / sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_count{pdserving_io_role="decode"}[1m]))')
-    # whether every pod has a queue: the least of the pods' window averages
+    # whether every pod has a queue: the least of the pods' window averages of the requests
+    # waiting for a slot (vLLM: by reason, capacity; the plain gauge where that is missing)
     assert decode["waiting_min"].promql == (
-        'min by (namespace, pdserving_io_service) (avg_over_time(vllm:num_requests_waiting{pdserving_io_role="decode"}[1m]))')
+        'min by (namespace, pdserving_io_service) (sum without (reason) (avg_over_time('
+        'vllm:num_requests_waiting_by_reason{pdserving_io_role="decode",reason="capacity"}[1m]))'
+        ' or avg_over_time(vllm:num_requests_waiting{pdserving_io_role="decode"}[1m]))')
     for q in decode.values():  # one query per signal for all services
         assert "by (namespace, pdserving_io_service" in q.promql
 
@@ -75,10 +78,11 @@ def test_extra_results_fill_the_observation_and_nan_is_no_data():
 
 def test_prefill_backlog_now_and_its_growth_over_the_window():
     q = pool_queries("sglang", "prefill", 0.99, window="30s")
-    now = ('sum by (namespace, pdserving_io_service) (sglang:num_queue_reqs{pdserving_io_role="prefill"})'
-           ' + sum by (namespace, pdserving_io_service) (sglang:num_running_reqs{pdserving_io_role="prefill"})')
+    # SGLang's totals only (priority=""), not its per-priority breakdown besides
+    now = ('sum by (namespace, pdserving_io_service) (sglang:num_queue_reqs{pdserving_io_role="prefill",priority=""})'
+           ' + sum by (namespace, pdserving_io_service) (sglang:num_running_reqs{pdserving_io_role="prefill",priority=""})')
     assert q["backlog_now"].promql == now
     # the sums of each moment (pods come and go), a window apart, over the window's seconds
     assert q["backlog_growth"].promql == (
-        f"({now} - (" + now.replace('"prefill"})', '"prefill"} offset 30s)') + ")) / 30")
+        f"({now} - (" + now.replace('priority=""})', 'priority=""} offset 30s)') + ")) / 30")
     assert "backlog_now" not in pool_queries("vllm", "decode", 0.99)

@@ -70,8 +70,20 @@ METRICS: dict[str, dict[str, str]] = {
     },
 }
 
-# More label matchers of a metric (engine, METRICS key) -> PromQL matcher.
-METRIC_MATCHERS = {("sglang", "prefill_time"): 'stage="prefill_forward"'}
+# More label matchers of a metric (engine, METRICS key) -> PromQL matcher. SGLang's request
+# gauges carry the total under priority="" and, with priority scheduling, a breakdown under
+# priority="<int>" besides (metrics_collector.py _log_gauge_queue_count): summed unmatched,
+# they would count each request twice.
+METRIC_MATCHERS = {("sglang", "prefill_time"): 'stage="prefill_forward"',
+                   ("sglang", "waiting"): 'priority=""', ("sglang", "running"): 'priority=""',
+                   ("sglang", "decode_prealloc"): 'priority=""'}
+# Requests waiting for a slot, by engine, when the plain waiting gauge counts more or less:
+# vLLM's num_requests_waiting also counts requests deferred on a KV transfer in flight (a
+# decode pod's pulls): its by-reason gauge splits off those waiting for capacity. SGLang's
+# num_queue_reqs leaves out a decode pod's requests waiting for KV memory to be allocated
+# (the prealloc queue, where a request waits for a decode slot in PD). Each falls back to the
+# plain gauge where the other series is missing (another engine version).
+SLOT_WAITING = {"vllm": "vllm:num_requests_waiting_by_reason", "sglang": "sglang:num_decode_prealloc_queue_reqs"}
 
 POOL_METRIC = {"prefill": "ttft", "decode": "itl"}
 
@@ -172,24 +184,46 @@ def cached_share_query(engine: str, window: str = "1m") -> Query:
 def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:
     """A secondary signal (``queueDepth``, ``kvCacheUsage``): the engine gauge
     averaged over the window and over the pool's pods, for all services."""
-    gauge = METRICS[engine][SECONDARY[metric][0]]
-    return Query((engine, role, metric, 0.0), f"avg by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
+    name = SECONDARY[metric][0]
+    gauge, sel = METRICS[engine][name], _sel(role, METRIC_MATCHERS.get((engine, name), ""))
+    return Query((engine, role, metric, 0.0), f"avg by ({BY}) (avg_over_time({gauge}{sel}[{window}]))")
+
+
+def per_pod(engine: str, role: str, name: str, fn) -> str:
+    """One series per pod of the pool's ``waiting`` (requests waiting for a slot: SLOT_WAITING)
+    or ``running`` requests, through ``fn`` (a function of one selector: ``avg_over_time(...[1m])``,
+    the selector as is, with an ``offset``)."""
+    def sel(key: str, extra: str = "") -> str:
+        matchers = ",".join(m for m in (METRIC_MATCHERS.get((engine, key), ""), extra) if m)
+        return _sel(role, matchers)
+
+    plain = fn(f"{METRICS[engine][name]}{sel(name)}")
+    if name != "waiting":
+        return plain
+    if engine == "vllm":
+        capacity = fn(SLOT_WAITING[engine] + sel("", 'reason="capacity"'))
+        return f"sum without (reason) ({capacity}) or {plain}"
+    if role == "decode":
+        return f"{plain} + {fn(SLOT_WAITING[engine] + sel('decode_prealloc'))} or {plain}"
+    return plain
+
+
+def _avg(window: str):
+    return lambda selector: f"avg_over_time({selector}[{window}])"
 
 
 def load_query(engine: str, role: str, name: str, window: str = "1m") -> Query:
-    """The pool's waiting (``waiting_total``) or running (``running_total``) requests: the
-    engine gauge summed over the pool's pods, averaged over the window."""
-    gauge = METRICS[engine][LOAD[name]]
-    return Query((engine, role, name, 0.0), f"sum by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
+    """The pool's waiting (``waiting_total``: for a slot, ``per_pod``) or running
+    (``running_total``) requests: summed over the pool's pods, each averaged over the window."""
+    return Query((engine, role, name, 0.0), f"sum by ({BY}) ({per_pod(engine, role, LOAD[name], _avg(window))})")
 
 
 def waiting_min_query(engine: str, role: str, window: str = "1m") -> Query:
-    """The least, over the pool's pods, of each pod's waiting requests averaged over the window:
-    at least one means every pod had a queue (``waiting_min``). A pool's summed queue can sit
-    on a few pods: an engine keeps the requests routed to it, so after a scale-up the old pods
-    hold the backlog while the new ones take only new arrivals."""
-    gauge = METRICS[engine]["waiting"]
-    return Query((engine, role, "waiting_min", 0.0), f"min by ({BY}) (avg_over_time({gauge}{_sel(role)}[{window}]))")
+    """The least, over the pool's pods, of each pod's requests waiting for a slot averaged over
+    the window: at least one means every pod had a queue (``waiting_min``). A pool's summed
+    queue can sit on a few pods: an engine keeps the requests routed to it, so after a scale-up
+    the old pods hold the backlog while the new ones take only new arrivals."""
+    return Query((engine, role, "waiting_min", 0.0), f"min by ({BY}) ({per_pod(engine, role, 'waiting', _avg(window))})")
 
 
 def backlog_queries(engine: str, window: str = "1m") -> dict[str, Query]:
@@ -198,10 +232,9 @@ def backlog_queries(engine: str, window: str = "1m") -> dict[str, Query]:
     backlog now less the backlog a window ago, over the window; the sums cover the pods of
     each moment, so pods added or removed meanwhile do not read as growth). No growth series
     for a pool that had no pods a window ago."""
-    m, sel = METRICS[engine], _sel("prefill")
-
     def backlog(offset: str = "") -> str:
-        return (f"sum by ({BY}) ({m['waiting']}{sel}{offset}) + sum by ({BY}) ({m['running']}{sel}{offset})")
+        return " + ".join(f"sum by ({BY}) ({per_pod(engine, 'prefill', name, lambda x: x + offset)})"
+                          for name in ("waiting", "running"))
 
     seconds = duration_seconds(window)
     return {"backlog_now": Query((engine, "prefill", "backlog_now", 0.0), backlog()),

@@ -6,7 +6,8 @@ histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seco
 ``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
 ``vllm:request_decode_time_seconds``, ``vllm:request_prompt_tokens``,
 ``vllm:request_generation_tokens``; gauges ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``; counters
+``vllm:num_requests_waiting`` (with requests whose KV is being pulled, as vLLM keeps them),
+``vllm:num_requests_waiting_by_reason`` (``capacity``, ``deferred``), ``vllm:kv_cache_usage_perc``; counters
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
 ``vllm:request_success_total``, ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_cached_total``
 (always 0: no prefix cache).
@@ -99,6 +100,11 @@ class PromSink(Sink):
             Counter(p + "num_preemptions", "Preemptions", names, registry=r).labels(*lv)
             self._g_running = Gauge(p + "num_requests_running", "Running requests", names, registry=r).labels(*lv)
             self._g_waiting = Gauge(p + "num_requests_waiting", "Waiting requests", names, registry=r).labels(*lv)
+            # capacity: waiting for a slot; deferred: waiting on a transient constraint, here a KV
+            # pull in flight (vllm/v1/metrics/loggers.py; the sum is num_requests_waiting)
+            by_reason = Gauge(p + "num_requests_waiting_by_reason", "Number of waiting requests by reason.",
+                              names + ["reason"], registry=r)
+            self._g_waiting_by = {why: by_reason.labels(*lv, why) for why in ("capacity", "deferred")}
             self._g_kv = Gauge(p + "kv_cache_usage_perc", "KV-cache usage, 0..1", names, registry=r).labels(*lv)
             self._g_extra = {}
             conn = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}.get(kv_connector or "")
@@ -148,8 +154,16 @@ class PromSink(Sink):
     def bind(self, engine: Engine, prealloc: Callable[[], int] = lambda: 0,
              gen_throughput: Callable[[], float] = lambda: 0.0) -> None:
         """Gauges read the engine's state at scrape time."""
-        self._g_running.set_function(lambda: engine.num_running)
-        self._g_waiting.set_function(lambda: engine.num_waiting)
+        # a request whose KV is being pulled is neither running nor (in SGLang) in the waiting
+        # queue: vLLM keeps it waiting, deferred (WAITING_FOR_REMOTE_KVS, scheduler.py); SGLang in
+        # its transfer queue (num_decode_transfer_queue_reqs)
+        self._g_running.set_function(lambda: len(engine.running))
+        if self.flavor == "vllm":
+            self._g_waiting.set_function(lambda: engine.num_waiting + len(engine.transferring))
+            self._g_waiting_by["capacity"].set_function(lambda: engine.num_waiting)
+            self._g_waiting_by["deferred"].set_function(lambda: len(engine.transferring))
+        else:
+            self._g_waiting.set_function(lambda: engine.num_waiting)
         self._g_kv.set_function(lambda: engine.kv_usage)
         if self._g_extra:
             self._g_extra["prealloc"].set_function(prealloc)
