@@ -397,6 +397,7 @@ class BenchFleet:
         self.decoded = 0  # requests finished on decode (the count of its e2e_request_latency_seconds)
         self.osl_hist = PromHist(OSL_BUCKETS)  # generated tokens per finished request
         self._seq = itertools.count()
+        self._series_seq = itertools.count()  # pods' series identities (scrape)
         # dead pools' counters stay in the pool totals (Prometheus sum(rate()) over pods, ignoring resets)
         self.dead_ttft = PromHist(TTFT_BUCKETS)
         self.dead_prompt = 0
@@ -508,6 +509,12 @@ class BenchFleet:
         self.stats.record(r.arrival, r.first_token - r.arrival, mean_itl, self.keep_samples)
 
     # ---- Prometheus view -------------------------------------------------------------
+    def _series(self, engine) -> int:
+        """The engine's own series identity (a pod's), never reused by a later engine."""
+        if getattr(engine, "series_id", None) is None:
+            engine.series_id = next(self._series_seq)
+        return engine.series_id
+
     def scrape(self) -> dict:
         """One 15-s scrape: pool totals (counters) and per-pod gauges."""
         pre = [p.engine for p in self.pods["prefill"] if p.engine is not None] + \
@@ -542,8 +549,8 @@ class BenchFleet:
             "waiting": {"prefill": [e.num_waiting for e in ready_p], "decode": [e.num_waiting for e in ready_d]},
             "running": {"prefill": [e.num_running for e in ready_p], "decode": [e.num_running for e in ready_d]},
             # the same gauge by pod, for per-pod functions over a window (min of avg_over_time)
-            "waiting_by_pod": {"prefill": {id(e): e.num_waiting for e in ready_p},
-                               "decode": {id(e): e.num_waiting for e in ready_d}},
+            "waiting_by_pod": {"prefill": {self._series(e): e.num_waiting for e in ready_p},
+                               "decode": {self._series(e): e.num_waiting for e in ready_d}},
             "kv_usage": {"prefill": [e.kv_usage for e in ready_p], "decode": [e.kv_usage for e in ready_d]},
             "gen_tokens": self.gen_tokens,
             "arrived": self.arrived, "arrived_prompt": self.arrived_prompt, "arrived_output": self.arrived_output,
