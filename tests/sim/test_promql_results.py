@@ -88,10 +88,14 @@ PODS = {
             prompt=9999, generated=500, finished=2, waiting=1, kv=0.5, running=7,
             more={'vllm:num_requests_waiting_by_reason{reason="capacity"}': 0.0,
                   'vllm:num_requests_waiting_by_reason{reason="deferred"}': 1.0}),
-        # a second decode pod whose 4 waiting requests all wait for a slot
-        pod("vllm", itl={INF: 0}, waiting=4, running=8,
+        # a second decode pod: 4 waiting for a slot, and of its 3 deferred, 2 whose KV pull is
+        # done and that wait for a seat (a KV consumer's fetch stages), 1 still pulling
+        pod("vllm", itl={INF: 0}, waiting=7, running=8,
             more={'vllm:num_requests_waiting_by_reason{reason="capacity"}': 4.0,
-                  'vllm:num_requests_waiting_by_reason{reason="deferred"}': 0.0}),
+                  'vllm:num_requests_waiting_by_reason{reason="deferred"}': 3.0,
+                  'vllm:num_requests_kv_fetch_by_stage{stage="waiting_to_start"}': 0.0,
+                  'vllm:num_requests_kv_fetch_by_stage{stage="in_progress"}': 1.0,
+                  'vllm:num_requests_kv_fetch_by_stage{stage="completed_waiting"}': 2.0}),
     ],
     # vLLM, idle: every counter flat
     ("team-a", "idle", "prefill"): [pod("vllm", ttft={0.1: 0, 0.5: 0, 1.0: 0, INF: 0})],
@@ -107,7 +111,11 @@ PODS = {
                                            'sglang:num_queue_reqs{priority="5"}': 2.0,
                                            'sglang:num_running_reqs{priority="0"}': 12.0,
                                            'sglang:num_decode_prealloc_queue_reqs': 4.0,
-                                           'sglang:num_decode_prealloc_queue_reqs{priority="0"}': 4.0})],
+                                           'sglang:num_decode_prealloc_queue_reqs{priority="0"}': 4.0,
+                                           # a second pipeline stage reports the same requests
+                                           'sglang:num_queue_reqs{pp_rank="1"}': 3.0,
+                                           'sglang:num_running_reqs{pp_rank="1"}': 12.0,
+                                           'sglang:num_decode_prealloc_queue_reqs{pp_rank="1"}': 4.0})],
 }
 
 
@@ -176,12 +184,12 @@ def test_vllm_decode(prom):
     assert busy.demand == approx(500)            # generated tokens/s of the decode pods
     assert busy.mean_osl == approx(500 / 2)      # generated tokens per finished request
     assert busy.mean_isl == approx(6000 / 6)     # ISL from the prefill pods, not the decode pod's 9999/s
-    # queueDepth: vLLM's waiting gauge as documented, (1 + 4) / 2 pods
-    assert (busy.queue, busy.kv_usage) == (approx(2.5), approx((0.5 + 0.0) / 2))
+    # queueDepth: vLLM's waiting gauge as documented, (1 + 7) / 2 pods
+    assert (busy.queue, busy.kv_usage) == (approx(4), approx((0.5 + 0.0) / 2))
     assert set(obs) == {("team-a", "busy")}
-    # waiting for a slot: the by-reason gauge's capacity, not the KV pull in flight: 0 + 4;
-    # the least pod's: 0 (not every pod has a queue)
-    assert (busy.waiting_total, busy.waiting_min, busy.running_total) == (approx(4), 0.0, approx(15))
+    # waiting for a slot: capacity, plus the pulled ones waiting for a seat where the pod has
+    # the fetch stages; not the pulls in flight: 0 + (4 + 2); the least pod's: 0
+    assert (busy.waiting_total, busy.waiting_min, busy.running_total) == (approx(6), 0.0, approx(15))
     assert busy.backlog_now is None and busy.backlog_growth is None  # prefill pools only
 
 
@@ -200,7 +208,8 @@ def test_sglang(prom):
     assert dec.observed == approx(0.02 + 0.02 * (0.99 * 8 - 4) / 4)
     assert (dec.demand, dec.mean_osl, dec.mean_isl) == (approx(300), approx(300 / 1.5), approx(2000))
     assert (dec.queue, dec.kv_usage) == (approx(3), approx(0.9))  # the total, not the breakdown too
-    # waiting for a slot: the waiting queue and the prealloc queue, each its total once
+    # waiting for a slot: the waiting queue and the prealloc queue, each its total once, once
+    # for the pod's pipeline stages
     assert (dec.waiting_total, dec.waiting_min, dec.running_total) == (approx(3 + 4), approx(7), approx(12))
     assert (pre.waiting_total, pre.backlog_now) == (approx(5), approx(5))
     # vLLM's series are not SGLang's

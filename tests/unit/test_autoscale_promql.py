@@ -53,11 +53,14 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
         'sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_sum{pdserving_io_role="decode"}[1m]))'
         ' / sum by (namespace, pdserving_io_service) (rate(vllm:inter_token_latency_seconds_count{pdserving_io_role="decode"}[1m]))')
     # whether every pod has a queue: the least of the pods' window averages of the requests
-    # waiting for a slot (vLLM: by reason, capacity; the plain gauge where that is missing)
+    # waiting for a slot (vLLM: by reason, capacity, plus those whose KV pull is done, waiting for
+    # a seat; per pod, what the engine has, down to the plain gauge)
+    capacity = ('sum without (reason) (avg_over_time(vllm:num_requests_waiting_by_reason'
+                '{pdserving_io_role="decode",reason="capacity"}[1m]))')
     assert decode["waiting_min"].promql == (
-        'min by (namespace, pdserving_io_service) (sum without (reason) (avg_over_time('
-        'vllm:num_requests_waiting_by_reason{pdserving_io_role="decode",reason="capacity"}[1m]))'
-        ' or avg_over_time(vllm:num_requests_waiting{pdserving_io_role="decode"}[1m]))')
+        f'min by (namespace, pdserving_io_service) ({capacity} + sum without (stage) (avg_over_time('
+        'vllm:num_requests_kv_fetch_by_stage{pdserving_io_role="decode",stage="completed_waiting"}[1m]))'
+        f' or {capacity} or avg_over_time(vllm:num_requests_waiting{{pdserving_io_role="decode"}}[1m]))')
     for q in decode.values():  # one query per signal for all services
         assert "by (namespace, pdserving_io_service" in q.promql
 
@@ -78,11 +81,13 @@ def test_extra_results_fill_the_observation_and_nan_is_no_data():
 
 def test_prefill_backlog_now_and_its_growth_over_the_window():
     q = pool_queries("sglang", "prefill", 0.99, window="30s")
-    # SGLang's totals only (priority=""), not its per-priority breakdown besides
-    now = ('sum by (namespace, pdserving_io_service) (sglang:num_queue_reqs{pdserving_io_role="prefill",priority=""})'
-           ' + sum by (namespace, pdserving_io_service) (sglang:num_running_reqs{pdserving_io_role="prefill",priority=""})')
+    # SGLang's totals only (priority=""), not its per-priority breakdown besides, and one pipeline
+    # stage's (each stage of a pod reports the same requests)
+    m = 'pdserving_io_role="prefill",priority="",pp_rank=~"|0"'
+    now = (f'sum by (namespace, pdserving_io_service) (sglang:num_queue_reqs{{{m}}})'
+           f' + sum by (namespace, pdserving_io_service) (sglang:num_running_reqs{{{m}}})')
     assert q["backlog_now"].promql == now
     # the sums of each moment (pods come and go), a window apart, over the window's seconds
     assert q["backlog_growth"].promql == (
-        f"({now} - (" + now.replace('priority=""})', 'priority=""} offset 30s)') + ")) / 30")
+        f"({now} - (" + now.replace('"|0"})', '"|0"} offset 30s)') + ")) / 30")
     assert "backlog_now" not in pool_queries("vllm", "decode", 0.99)

@@ -72,18 +72,22 @@ METRICS: dict[str, dict[str, str]] = {
 
 # More label matchers of a metric (engine, METRICS key) -> PromQL matcher. SGLang's request
 # gauges carry the total under priority="" and, with priority scheduling, a breakdown under
-# priority="<int>" besides (metrics_collector.py _log_gauge_queue_count): summed unmatched,
-# they would count each request twice.
+# priority="<int>" besides (metrics_collector.py _log_gauge_queue_count), and every pipeline
+# stage of a pod reports the same requests under its own pp_rank: summed unmatched, each
+# request would count more than once.
+_SGLANG_REQUESTS = 'priority="",pp_rank=~"|0"'
 METRIC_MATCHERS = {("sglang", "prefill_time"): 'stage="prefill_forward"',
-                   ("sglang", "waiting"): 'priority=""', ("sglang", "running"): 'priority=""',
-                   ("sglang", "decode_prealloc"): 'priority=""'}
-# Requests waiting for a slot, by engine, when the plain waiting gauge counts more or less:
-# vLLM's num_requests_waiting also counts requests deferred on a KV transfer in flight (a
-# decode pod's pulls): its by-reason gauge splits off those waiting for capacity. SGLang's
-# num_queue_reqs leaves out a decode pod's requests waiting for KV memory to be allocated
-# (the prealloc queue, where a request waits for a decode slot in PD). Each falls back to the
-# plain gauge where the other series is missing (another engine version).
-SLOT_WAITING = {"vllm": "vllm:num_requests_waiting_by_reason", "sglang": "sglang:num_decode_prealloc_queue_reqs"}
+                   ("sglang", "waiting"): _SGLANG_REQUESTS, ("sglang", "running"): _SGLANG_REQUESTS,
+                   ("sglang", "decode_prealloc"): _SGLANG_REQUESTS}
+# Requests waiting for a slot, where the plain waiting gauge counts more or less (FACTS.md):
+# vLLM's num_requests_waiting also counts requests deferred on a KV pull in flight (a decode
+# pod's): its by-reason gauge's "capacity" leaves those out, and with them the pulled ones
+# waiting for a seat, which its KV-fetch gauge counts ("completed_waiting", decode pods only).
+# SGLang's num_queue_reqs leaves out a decode pod's requests waiting for KV memory (its PD
+# prealloc queue). Each falls back, per pod, to what the engine has (another version, a
+# prefill pod): down to the plain gauge.
+SLOT_WAITING = {"vllm": ("vllm:num_requests_waiting_by_reason", "vllm:num_requests_kv_fetch_by_stage"),
+                "sglang": ("sglang:num_decode_prealloc_queue_reqs",)}
 
 POOL_METRIC = {"prefill": "ttft", "decode": "itl"}
 
@@ -201,10 +205,13 @@ def per_pod(engine: str, role: str, name: str, fn) -> str:
     if name != "waiting":
         return plain
     if engine == "vllm":
-        capacity = fn(SLOT_WAITING[engine] + sel("", 'reason="capacity"'))
-        return f"sum without (reason) ({capacity}) or {plain}"
+        by_reason, kv_fetch = SLOT_WAITING[engine]
+        capacity_sel, pulled_sel = sel("", 'reason="capacity"'), sel("", 'stage="completed_waiting"')
+        capacity = f"sum without (reason) ({fn(by_reason + capacity_sel)})"
+        pulled = f"sum without (stage) ({fn(kv_fetch + pulled_sel)})"
+        return f"{capacity} + {pulled} or {capacity} or {plain}"
     if role == "decode":
-        return f"{plain} + {fn(SLOT_WAITING[engine] + sel('decode_prealloc'))} or {plain}"
+        return f"{plain} + {fn(SLOT_WAITING[engine][0] + sel('decode_prealloc'))} or {plain}"
     return plain
 
 

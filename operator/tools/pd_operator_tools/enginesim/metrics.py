@@ -7,7 +7,8 @@ histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seco
 ``vllm:request_decode_time_seconds``, ``vllm:request_prompt_tokens``,
 ``vllm:request_generation_tokens``; gauges ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting`` (with requests whose KV is being pulled, as vLLM keeps them),
-``vllm:num_requests_waiting_by_reason`` (``capacity``, ``deferred``), ``vllm:kv_cache_usage_perc``; counters
+``vllm:num_requests_waiting_by_reason`` (``capacity``, ``deferred``), on decode (a KV consumer)
+``vllm:num_requests_kv_fetch_by_stage``, ``vllm:kv_cache_usage_perc``; counters
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
 ``vllm:request_success_total``, ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_cached_total``
 (always 0: no prefix cache).
@@ -105,6 +106,13 @@ class PromSink(Sink):
             by_reason = Gauge(p + "num_requests_waiting_by_reason", "Number of waiting requests by reason.",
                               names + ["reason"], registry=r)
             self._g_waiting_by = {why: by_reason.labels(*lv, why) for why in ("capacity", "deferred")}
+            # a KV consumer's requests by KV-load stage (loggers.py: kv_transfer_config.is_kv_consumer)
+            self._g_kv_fetch = {}
+            if role == "decode":
+                by_stage = Gauge(p + "num_requests_kv_fetch_by_stage", "Number of waiting requests by async KV load stage.",
+                                 names + ["stage"], registry=r)
+                self._g_kv_fetch = {st: by_stage.labels(*lv, st) for st in ("waiting_to_start", "in_progress",
+                                                                           "completed_waiting")}
             self._g_kv = Gauge(p + "kv_cache_usage_perc", "KV-cache usage, 0..1", names, registry=r).labels(*lv)
             self._g_extra = {}
             conn = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}.get(kv_connector or "")
@@ -151,7 +159,7 @@ class PromSink(Sink):
         self._xfer = Histogram("pdsim_kv_transfer_seconds", "Simulated KV transfer (admission to KV ready)",
                                registry=r, buckets=XFER_BUCKETS)
 
-    def bind(self, engine: Engine, prealloc: Callable[[], int] = lambda: 0,
+    def bind(self, engine: Engine, fetching: Callable[[], int] = lambda: 0,
              gen_throughput: Callable[[], float] = lambda: 0.0) -> None:
         """Gauges read the engine's state at scrape time."""
         # a request whose KV is being pulled is neither running nor (in SGLang) in the waiting
@@ -162,12 +170,21 @@ class PromSink(Sink):
             self._g_waiting.set_function(lambda: engine.num_waiting + len(engine.transferring))
             self._g_waiting_by["capacity"].set_function(lambda: engine.num_waiting)
             self._g_waiting_by["deferred"].set_function(lambda: len(engine.transferring))
+            if self._g_kv_fetch:
+                # the sim admits a pull only into a free slot and runs it once its KV is in:
+                # none waits for a seat after its pull (vLLM starts pulls past its free slots)
+                self._g_kv_fetch["waiting_to_start"].set_function(lambda: engine.num_waiting)
+                self._g_kv_fetch["in_progress"].set_function(lambda: len(engine.transferring))
+                self._g_kv_fetch["completed_waiting"].set(0)
         else:
             self._g_waiting.set_function(lambda: engine.num_waiting)
         self._g_kv.set_function(lambda: engine.kv_usage)
         if self._g_extra:
-            self._g_extra["prealloc"].set_function(prealloc)
-            self._g_extra["transfer"].set_function(lambda: len(engine.transferring))
+            # SGLang's order is prealloc (KV memory reserved), then the prefill and the pull
+            # (transfer queue), then running; the sim reserves after the prefill, and its
+            # requests waiting for a slot wait in the engine's queue (num_queue_reqs)
+            self._g_extra["prealloc"].set(0)
+            self._g_extra["transfer"].set_function(lambda: fetching() + len(engine.transferring))
             self._g_extra["gen_throughput"].set_function(gen_throughput)
 
     # ---- failures ----------------------------------------------------------------

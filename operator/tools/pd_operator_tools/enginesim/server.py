@@ -152,7 +152,7 @@ class SimServer:
         self.sink = PromSink(cfg.flavor, cfg.served_name, cfg.role, kv_connector=cfg.kv_connector)
         self.engine: Optional[Engine] = None
         self.rooms: dict[int, asyncio.Future] = {}
-        self.prealloc = 0
+        self.fetching = 0  # decode requests waiting for their prefill (SGLang: the transfer queue)
         self.started = time.monotonic()
         self._session: Optional[ClientSession] = None
         self._runners: list[web.AppRunner] = []
@@ -186,7 +186,7 @@ class SimServer:
                              kv_capacity_tokens=cfg.kv_capacity_tokens if cfg.kv_capacity_tokens is not None
                              else cfg.cost().kv_capacity_tokens(cfg.mem_fraction),
                              link=cfg.link, sink=self.sink, name=f"{cfg.flavor}-{cfg.role}")
-        self.sink.bind(self.engine, prealloc=lambda: self.prealloc,
+        self.sink.bind(self.engine, fetching=lambda: self.fetching,
                        gen_throughput=lambda: self.sink.samples.generation_tokens / max(1e-9, time.monotonic() - self.started))
         self._session = ClientSession(timeout=ClientTimeout(total=None))
         runner = web.AppRunner(self.app(), access_log=None)
@@ -395,13 +395,17 @@ class SimServer:
                 host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
                 if isinstance(host, list):
                     host, port = host[0], port[0]
-                self.prealloc += 1
+                # SGLang's decode pod holds a request in its prealloc queue until KV memory is
+                # reserved, then in its transfer queue while the prefill runs and its KV comes
+                # (disaggregation/decode.py): the sim reserves after the prefill, so this wait,
+                # the prefill's, is the transfer queue's
+                self.fetching += 1
                 try:
                     await self._fetch_room(host, int(port), int(room))
                 except web.HTTPException as exc:
                     return _err(502, exc.text or "bootstrap failed", "InternalServerError")
                 finally:
-                    self.prealloc -= 1
+                    self.fetching -= 1
                 req.kv_transfer = True
                 if self._kv_fails():  # decode.py: prepare_abort(..., INTERNAL_SERVER_ERROR)
                     return _err(500, f"KV transfer failed for request rank=0 req.rid={req.id} bootstrap_room={room}",
