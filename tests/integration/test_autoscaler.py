@@ -51,6 +51,13 @@ def test_decisions_are_applied_kept_and_guarded(operator, namespace, custom_obje
     while sum(n // 8 for n in free_gpus(core_v1).values()) < 1:
         assert time.monotonic() < deadline, f"no whole node free for a second TP8 replica: {gpu_holders(core_v1)}"
         time.sleep(1)
+    # the operator's own autoscaler decides for the new service at once (holding: its
+    # Prometheus does not answer) and writes status under the same field manager as the
+    # autoscaler below, dropping what that one wrote (a CI run read no lastScaleReason
+    # after the two wrote in the same second): let its first round pass; the next is an
+    # interval (30 s) later
+    wait_for(lambda: (condition(get_svc(custom_objects, namespace, "auto"), "MetricsAvailable") or {}).get("reason")
+             == "PrometheusUnreachable", 60, "the operator's own first autoscaling round")
     signals, events = Signals(), []
     now = [1000.0]
     scaler = Autoscaler(Kube(api_client), signals, lambda body, t, r, m: events.append((r, m)), clock=lambda: now[0])
