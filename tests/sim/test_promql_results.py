@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from pd_operator.autoscale.promql import histogram_quantile
 from pd_operator.autoscale.signals import PrometheusSignals
 from tests.conftest import prometheus_binary
 from tests.sim.conftest import Exporter, Procs, start_prometheus
@@ -50,9 +51,10 @@ def counter(name: str, rate: float, elapsed: float) -> dict[str, float]:
 
 
 def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished=0.0, waiting=0.0, kv=0.0,
-        running=0.0, more: dict[str, float] | None = None):
+        running=0.0, more: dict[str, float] | None = None, hists: dict[str, dict[float, float]] | None = None):
     """The metrics page of one engine pod: latency histograms (bucket rates),
-    token counters and finished requests (per second), gauges, and ``more`` series as written."""
+    token counters and finished requests (per second), gauges, ``hists`` (more histograms by
+    name: bucket rates) and ``more`` series as written."""
     waiting_gauge, kv_gauge = {"vllm": ("num_requests_waiting", "kv_cache_usage_perc"),
                                "sglang": ("num_queue_reqs", "token_usage")}[engine]
     running_gauge = {"vllm": "num_requests_running", "sglang": "num_running_reqs"}[engine]
@@ -67,6 +69,8 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
         out[f"{engine}:{waiting_gauge}"] = waiting
         out[f"{engine}:{running_gauge}"] = running
         out[f"{engine}:{kv_gauge}"] = kv
+        for name, rates in (hists or {}).items():
+            out.update(histogram(name, rates, elapsed))
         out.update(more or {})
         return out
 
@@ -77,8 +81,13 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
 PODS = {
     # vLLM, two prefill pods and one decode pod of team-a/busy
     ("team-a", "busy", "prefill"): [
-        pod("vllm", ttft={0.1: 1, 0.5: 2, 1.0: 1, INF: 0}, prompt=4000, waiting=2, kv=0.25, running=3),
-        pod("vllm", ttft={0.1: 0, 0.5: 1, 1.0: 1, INF: 0}, prompt=2000, waiting=6, kv=0.75, running=4),
+        # prompt lengths: all the prompts, and those computed (a prefix-cache hit is not)
+        pod("vllm", ttft={0.1: 1, 0.5: 2, 1.0: 1, INF: 0}, prompt=4000, waiting=2, kv=0.25, running=3,
+            hists={"vllm:request_prompt_tokens": {1000: 1, 20000: 2, INF: 1},
+                   "vllm:request_prefill_kv_computed_tokens": {1000: 2, 20000: 2, INF: 0}}),
+        pod("vllm", ttft={0.1: 0, 0.5: 1, 1.0: 1, INF: 0}, prompt=2000, waiting=6, kv=0.75, running=4,
+            hists={"vllm:request_prompt_tokens": {1000: 0, 20000: 1, INF: 1},
+                   "vllm:request_prefill_kv_computed_tokens": {1000: 0, 20000: 1, INF: 1}}),
     ],
     ("team-a", "busy", "decode"): [
         # A decode pod reports TTFTs and prompt tokens too (its own view of the
@@ -86,6 +95,8 @@ PODS = {
         # request, none waits for a slot: it is deferred on its KV pull (vLLM's by-reason gauge).
         pod("vllm", ttft={0.1: 50, 0.5: 0, 1.0: 0, INF: 0}, itl={0.025: 0, 0.05: 10, 0.1: 10, INF: 0},
             prompt=9999, generated=500, finished=2, waiting=1, kv=0.5, running=7,
+            hists={"vllm:request_prompt_tokens": {1000: 0, 20000: 0, INF: 50},
+                   "vllm:request_prefill_kv_computed_tokens": {1000: 0, 20000: 0, INF: 50}},
             more={'vllm:num_requests_waiting_by_reason{reason="capacity"}': 0.0,
                   'vllm:num_requests_waiting_by_reason{reason="deferred"}': 1.0}),
         # a second decode pod: 4 waiting for a slot, and of its 3 deferred, 2 whose KV pull is
@@ -100,9 +111,13 @@ PODS = {
     # vLLM, idle: every counter flat
     ("team-a", "idle", "prefill"): [pod("vllm", ttft={0.1: 0, 0.5: 0, 1.0: 0, INF: 0})],
     # the same service name in another namespace is another service
-    ("team-b", "busy", "prefill"): [pod("vllm", ttft={0.1: 5, 0.5: 0, 1.0: 0, INF: 0}, prompt=500, waiting=9, kv=0.1)],
+    # an engine without the computed-tokens histogram: all its prompts
+    ("team-b", "busy", "prefill"): [pod("vllm", ttft={0.1: 5, 0.5: 0, 1.0: 0, INF: 0}, prompt=500, waiting=9, kv=0.1,
+                                        hists={"vllm:request_prompt_tokens": {100: 4, 200: 1, INF: 0}})],
     # SGLang
-    ("team-a", "sg", "prefill"): [pod("sglang", ttft={0.25: 0, 0.5: 3, 1.0: 1, INF: 0}, prompt=8000, waiting=5, kv=0.3)],
+    ("team-a", "sg", "prefill"): [pod("sglang", ttft={0.25: 0, 0.5: 3, 1.0: 1, INF: 0}, prompt=8000, waiting=5, kv=0.3,
+                                      hists={"sglang:prompt_tokens_histogram": {2000: 3, 20000: 1, INF: 0},
+                                             "sglang:uncached_prompt_tokens_histogram": {2000: 4, 20000: 0, INF: 0}})],
     # with priority scheduling: the total under priority="" and a breakdown by priority besides;
     # in PD, a decode pod's requests waiting for KV memory (a slot) are in its prealloc queue
     ("team-a", "sg", "decode"): [pod("sglang", itl={0.02: 4, 0.04: 4, INF: 0}, generated=300, finished=1.5,
@@ -146,7 +161,7 @@ approx = lambda x: pytest.approx(x, rel=0.02)  # noqa: E731 - scrape timing jitt
 
 def test_vllm_prefill(prom):
     obs = prom.pool("vllm", "prefill", 0.99, window=WINDOW, secondaries=SECONDARIES)
-    busy = obs[("team-a", "busy")]
+    busy, other = obs[("team-a", "busy")], obs[("team-b", "busy")]
     # both prefill pods' buckets summed: (0,0.1] 1/s, (0.1,0.5] 3/s, (0.5,1] 2/s; 6/s in all.
     # rank 0.99 x 6 = 5.94 lies in (0.5,1], 4 below it, 2 in it.
     assert busy.observed == approx(0.5 + (1.0 - 0.5) * (0.99 * 6 - 4) / 2)
@@ -160,9 +175,15 @@ def test_vllm_prefill(prom):
     assert busy.backlog_now == approx(2 + 6 + 3 + 4) and busy.backlog_growth == 0.0
     assert busy.kv_usage == approx((0.25 + 0.75) / 2)
     # team-b/busy: its own pod only. (0,0.1] holds all 5/s: 0.1 x 0.99.
-    other = obs[("team-b", "busy")]
     assert other.observed == approx(0.1 * 0.99)
     assert (other.demand, other.mean_isl, other.queue, other.kv_usage) == (approx(500), approx(100), approx(9), approx(0.1))
+    # by bucket, cumulative: the TTFT histogram of the prefill pods (its quantile at any level,
+    # computed as Prometheus does), and the prompts' computed tokens (not the cache hits, not
+    # the decode pod's view)
+    assert busy.latency_buckets == tuple((le, approx(n)) for le, n in ((0.1, 1), (0.5, 4), (1.0, 6), (INF, 6)))
+    assert histogram_quantile(0.99, busy.latency_buckets) == approx(busy.observed)
+    assert busy.prompt_buckets == tuple((le, approx(n)) for le, n in ((1000, 2), (20000, 5), (INF, 6)))
+    assert other.prompt_buckets == tuple((le, approx(n)) for le, n in ((100, 4), (200, 5), (INF, 5)))
     # idle: the request rate is 0, so latency 0 (a real signal); a length over no requests is no data
     idle = obs[("team-a", "idle")]
     assert (idle.observed, idle.demand, idle.mean_isl, idle.queue, idle.kv_usage) == (0.0, 0.0, None, 0.0, 0.0)
@@ -174,6 +195,9 @@ def test_the_quantile_asked_for(prom):
     busy = prom.pool("vllm", "prefill", 0.5, window=WINDOW)[("team-a", "busy")]
     # rank 0.5 x 6 = 3 lies in (0.1,0.5], 1 below it, 3 in it
     assert busy.observed == approx(0.1 + (0.5 - 0.1) * (0.5 * 6 - 1) / 3)
+    # the same from the buckets, as the autoscaler computes a quantile whose level depends on
+    # other signals (rule 2c)
+    assert histogram_quantile(0.5, busy.latency_buckets) == approx(busy.observed)
 
 
 def test_vllm_decode(prom):
@@ -212,6 +236,9 @@ def test_sglang(prom):
     # for the pod's pipeline stages
     assert (dec.waiting_total, dec.waiting_min, dec.running_total) == (approx(3 + 4), approx(7), approx(12))
     assert (pre.waiting_total, pre.backlog_now) == (approx(5), approx(5))
+    # prompt lengths: the uncached ones
+    assert pre.prompt_buckets == tuple((le, approx(n)) for le, n in ((2000, 4), (20000, 4), (INF, 4)))
+    assert histogram_quantile(0.99, pre.latency_buckets) == approx(pre.observed)
     # vLLM's series are not SGLang's
     assert ("team-a", "busy") not in prom.pool("sglang", "prefill", 0.99, window=WINDOW)
 

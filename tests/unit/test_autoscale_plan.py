@@ -6,6 +6,7 @@ the API server's CEL and by pydantic."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -428,3 +429,89 @@ def test_the_measured_speed_scales_the_prefill_latency_floor():
     model = latency_floor(s, "prefill", 2000.0, None)
     assert latency_floor(s, "prefill", 2000.0, None, step_ratio=0.8) == pytest.approx(0.8 * model)
     assert latency_floor(s, "prefill", 2000.0, None, step_ratio=None) == model
+
+
+# ---- 2c: prompts that no replica prefills within the target ----
+
+from pd_operator.autoscale.capacity import longest_prompt_in_time, share_longer  # noqa: E402
+from pd_operator.autoscale.promql import histogram_quantile  # noqa: E402
+
+
+def _alone_ms(cost, tokens: int, budget: int = 8192) -> float:
+    """One prompt alone: a step (fixed cost + its chunk) per ``budget`` tokens."""
+    done, ms = 0, 0.0
+    while done < tokens:
+        n = min(budget, tokens - done)
+        ms += cost.prefill_fixed_ms() + cost.prefill_chunk_ms(done, n)
+        done += n
+    return ms
+
+
+def test_the_longest_prompt_one_replica_prefills_within_the_target():
+    s = svc(prefill={"autoscaling": AUTO})
+    cost = replica_cost_model(s.spec, "prefill")
+    longest = longest_prompt_in_time(s, 1.0)
+    assert _alone_ms(cost, longest) <= 1000.0 < _alone_ms(cost, longest + 1)
+    assert 8192 < longest < cost.shape.max_model_len  # more than one chunk, less than the context
+    # faster engines (as measured) and a looser target fit longer prompts; a smaller step budget
+    # (more fixed costs) fits shorter ones
+    assert longest_prompt_in_time(s, 1.0, step_ratio=0.8) > longest
+    assert longest_prompt_in_time(s, 0.5) < longest
+    small = svc(prefill={"autoscaling": AUTO, "maxBatchedTokens": 2048})
+    assert longest_prompt_in_time(small, 1.0) < longest
+    # never past the context length: every prompt the engines accept fits a loose target
+    capped = svc(prefill={"autoscaling": AUTO}, model={"name": minimal()["spec"]["model"]["name"], "maxModelLen": 16384})
+    assert longest_prompt_in_time(capped, 60.0) == 16384
+    # no cost model (another GPU): unknown
+    other = svc(prefill={"autoscaling": AUTO, "gpuProduct": "NVIDIA-A100-SXM4-80GB"})
+    assert longest_prompt_in_time(other, 1.0) is None
+
+
+def test_share_of_requests_longer_than_a_length_from_the_histogram():
+    b = [(1000.0, 50.0), (2000.0, 80.0), (5000.0, 95.0), (math.inf, 100.0)]
+    assert share_longer(b, 2000) == pytest.approx(0.20)                 # a bucket edge
+    assert share_longer(b, 3500) == pytest.approx(1 - (80 + 15 * 0.5) / 100)  # linear inside the bucket
+    assert share_longer(b, 500) == pytest.approx(1 - 25 / 100)           # the first bucket starts at 0
+    # the +Inf bucket ends at the longest prompt the engines accept; unknown: all of it is longer
+    assert share_longer(b, 6000, longest=10000) == pytest.approx(1 - (95 + 5 * 0.2) / 100)
+    assert share_longer(b, 6000) == pytest.approx(0.05)
+    assert share_longer(b, 10000, longest=10000) == 0.0
+    assert share_longer([(1000.0, 0.0), (math.inf, 0.0)], 10) is None
+
+
+def test_histogram_quantile_as_prometheus_computes_it():
+    b = [(0.1, 1.0), (0.5, 4.0), (1.0, 6.0), (math.inf, 6.0)]
+    assert histogram_quantile(0.99, b) == pytest.approx(0.5 + 0.5 * (5.94 - 4) / 2)
+    assert histogram_quantile(0.1, b) == pytest.approx(0.1 * 0.6)      # the first bucket from 0
+    assert histogram_quantile(0.99, [(1.0, 1.0), (math.inf, 2.0)]) == 1.0  # in +Inf: its lower edge
+    assert histogram_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None
+
+
+def _long_prompts(s, ttft):
+    """A prefill pool whose prompts are 2 % longer than one replica prefills within 1 s."""
+    longest = longest_prompt_in_time(s, 1.0)
+    prompts = ((longest / 2, 90.0), (float(longest), 98.0), (math.inf, 100.0))
+    return Observation(histogram_quantile(0.99, ttft), None, mean_isl=3000.0, prompt_buckets=prompts,
+                       latency_buckets=ttft)
+
+
+def test_prompts_too_long_for_the_target_are_left_out_of_the_quantile():
+    s = svc(prefill={"autoscaling": AUTO})
+    # p99 of all: rank 99 in (1, 2.5]: 2.125 s; the 2 % too long are all above 1 s, so the p99
+    # of the others is the p(99 x 0.98) of all: rank 97.02 in (0.5, 1]: 0.968 s, within the band
+    ttft = ((0.5, 90.0), (1.0, 97.5), (2.5, 99.5), (math.inf, 100.0))
+    obs = _long_prompts(s, ttft)
+    assert obs.observed == pytest.approx(2.125)
+    out = plan_service(s, {"prefill": PoolInput(PoolState(10, 10), obs, 100.0)}, {}, now=100.0)["prefill"]
+    assert out.replicas == 10, out.reason
+    assert re.search(r"ttft p99 of the prompts that can make it \(p97 of all: 2\.00% are longer than [0-9.]+k tokens",
+                     out.reason), out.reason
+    assert "968ms within 10% of target" in out.reason
+    # the same TTFTs without the prompt lengths: the p99 of all, above the target
+    plain = Observation(obs.observed, None, mean_isl=3000.0, latency_buckets=ttft)
+    out = plan_service(s, {"prefill": PoolInput(PoolState(10, 10), plain, 100.0)}, {}, now=100.0)["prefill"]
+    assert out.replicas > 10 and "of the prompts" not in out.reason
+    # the others above the target too: still scales up, on their quantile
+    slow = _long_prompts(s, ((0.5, 50.0), (1.0, 90.0), (2.5, 99.5), (math.inf, 100.0)))
+    out = plan_service(s, {"prefill": PoolInput(PoolState(10, 10), slow, 100.0)}, {}, now=100.0)["prefill"]
+    assert out.replicas > 10 and "of the prompts that can make it" in out.reason

@@ -33,7 +33,14 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
     load = {"waiting_total", "running_total", "waiting_min"}  # offered load: always asked (decide's demand)
     assert set(pool_queries("vllm", "prefill", 0.99)) == {"quantile", "rate", "demand", "mean_isl",
                                                           "mean_prefill_time", "cached_share",
-                                                          "backlog_now", "backlog_growth"} | load
+                                                          "backlog_now", "backlog_growth", "prompt_hist",
+                                                          "latency_hist"} | load
+    # prompt lengths: the tokens computed (not served from a prefix cache) where the engine
+    # has that histogram, else all of them
+    assert pool_queries("vllm", "prefill", 0.99)["prompt_hist"].promql == (
+        'sum by (namespace, pdserving_io_service, le) (rate(vllm:request_prefill_kv_computed_tokens_bucket'
+        '{pdserving_io_role="prefill"}[1m])) or sum by (namespace, pdserving_io_service, le) '
+        '(rate(vllm:request_prompt_tokens_bucket{pdserving_io_role="prefill"}[1m]))')
     # the share of prompt tokens served from a prefix cache: they cost no prefill time
     assert pool_queries("vllm", "prefill", 0.99)["cached_share"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_cached_total{pdserving_io_role="prefill"}[1m]))'

@@ -45,7 +45,8 @@ PREFILL_UTILIZATION = 0.8
 DECODE_UTILIZATION = 0.85
 # vLLM's request_tokens histogram family: 1-2-5 bucket edges up to max_model_len
 # (vllm/v1/metrics/buckets.py, build_1_2_5_buckets); used to estimate the spread of
-# output lengths (length_bias).
+# output lengths (length_bias) and the share of prompts too long for the TTFT target
+# (share_longer).
 
 
 def length_bias(buckets: list[tuple[float, float]]) -> float | None:
@@ -115,10 +116,11 @@ class Capacity:
     utilization: float = 1.0  # the headroom per_replica carries (cost model: 0.8 prefill, 0.85 decode)
 
     def describe(self) -> str:
-        return f"capacity {_si(self.per_replica)} tok/s/replica ({self.source})"
+        return f"capacity {si(self.per_replica)} tok/s/replica ({self.source})"
 
 
-def _si(value: float) -> str:
+def si(value: float) -> str:
+    """A number with a k or M suffix, three significant digits (for reasons)."""
     if value >= 1e6:
         return f"{value / 1e6:.3g}M"
     if value >= 1e3:
@@ -294,3 +296,70 @@ def latency_floor(svc: PDInferenceService, role: str, mean_isl: float | None, me
     if not mean_osl or mean_osl <= 0:
         return None
     return cost.decode_uniform_ms(1, int(_context(mean_isl, mean_osl, osl_bias))) / 1e3 * (step_ratio or 1.0)
+
+
+def longest_prompt_in_time(svc: PDInferenceService, target_s: float, step_ratio: float | None = None) -> int | None:
+    """The longest prompt one prefill replica computes alone within ``target_s``: chunked
+    prefill, one step of the fixed cost and its chunk per ``max_batched_tokens`` tokens, each
+    chunk's attention over the tokens before it (with the step times x ``step_ratio``, the
+    engines' measured speed). At most the model's context length (``maxModelLen``, else the
+    model's own). None where the cost model does not apply. A prompt longer than this misses
+    the target whatever the pool's size; only its compute is counted (not the KV transfer nor
+    the first decode step), so the estimate errs towards prompts that can make it."""
+    cost = replica_cost_model(svc.spec, "prefill")
+    if cost is None or target_s <= 0:
+        return None
+    if step_ratio:
+        cost = cost.scaled(step_ratio)
+    budget = svc.spec.pool("prefill").max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    limit = max_prompt_tokens(svc, cost)
+    left, done = target_s * 1e3, 0
+    while done < limit:
+        n = min(budget, limit - done)
+        step = cost.prefill_fixed_ms() + cost.prefill_chunk_ms(done, n)
+        if step > left:
+            # the last chunk that fits: the step time grows with its tokens (bisection)
+            lo, hi = 0, n
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if cost.prefill_fixed_ms() + cost.prefill_chunk_ms(done, mid) <= left:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return done + lo
+        left -= step
+        done += n
+    return limit
+
+
+def max_prompt_tokens(svc: PDInferenceService, cost: CostModel | None = None) -> int | None:
+    """The longest prompt the engines accept: ``maxModelLen``, else the model's context length
+    (the cost model's shape); None when neither is known."""
+    if svc.spec.model.max_model_len:
+        return svc.spec.model.max_model_len
+    cost = cost or replica_cost_model(svc.spec, "prefill")
+    return cost.shape.max_model_len if cost is not None else None
+
+
+def share_longer(buckets, length: float, longest: float | None = None) -> float | None:
+    """The share of requests longer than ``length`` tokens, from a histogram of request lengths
+    (Prometheus' cumulative ``(le, count)`` pairs, e.g. the rate of
+    ``vllm:request_prompt_tokens_bucket``), interpolated linearly inside the bucket that holds
+    ``length`` (as ``histogram_quantile`` does); the +Inf bucket ends at ``longest`` (the
+    longest prompt the engines accept), unknown: its requests all count as longer. None
+    without counts."""
+    pts = sorted((le, c) for le, c in buckets if c == c)
+    if not pts or pts[-1][1] <= 0:
+        return None
+    total = pts[-1][1]
+    below, prev_le, prev_c = 0.0, 0.0, 0.0
+    for le, c in pts:
+        if le <= length:
+            below = c
+        else:
+            top = longest if math.isinf(le) and longest else le
+            if not math.isinf(top) and top > prev_le:
+                below = prev_c + (c - prev_c) * min(1.0, (length - prev_le) / (top - prev_le))
+            break
+        prev_le, prev_c = le, c
+    return max(0.0, min(1.0, 1.0 - below / total))

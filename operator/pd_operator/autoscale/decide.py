@@ -74,6 +74,8 @@ class Signal:
 
     observed: float | None          # the target quantile of the pool's latency, seconds (None: no data)
     observed_at: float | None       # when (seconds, same clock as ``now``)
+    # what ``observed`` is when not the policy's quantile of every request (rule 2c), for the reason
+    observed_note: str | None = None
     demand: float | None = None     # load in the unit of ``capacity`` (e.g. prompt tokens/s, running streams)
     capacity: float | None = None   # what one replica serves at the target, same unit
     capacity_note: str | None = None  # where ``capacity`` comes from, for the reason (e.g. "capacity 41k tok/s/replica (cost model)")
@@ -416,7 +418,8 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     corrected capacity) and the secondary signals with data."""
     target = duration_seconds(policy.target.value)
     rec, stands = _feedback(signal.observed, target, state.replicas, state.ready, policy.tolerance, signal.floor or 0.0)
-    clauses = [f"{policy.target.metric} p{policy.target.quantile * 100:g} {signal.observed * 1000:.0f}ms "
+    of = f" {signal.observed_note}" if signal.observed_note else ""
+    clauses = [f"{policy.target.metric} p{policy.target.quantile * 100:g}{of} {signal.observed * 1000:.0f}ms "
                f"{stands} target {target * 1000:.0f}ms"]
     # Only TTFT: a prompt whose prefill alone exceeds the target is what replicas cannot
     # fix. ITL is read from coarse histogram buckets (vLLM: 10, 25, 50 ms) whose

@@ -16,9 +16,10 @@ from typing import Protocol
 
 from ..api.constants import ROLES
 from ..api.models import PDInferenceService, duration_seconds
-from .capacity import Capacity, latency_floor, pool_capacity, prefill_time_ratio, step_time_ratio
+from .capacity import (Capacity, latency_floor, longest_prompt_in_time, max_prompt_tokens, pool_capacity,
+                       prefill_time_ratio, share_longer, si, step_time_ratio)
 from .decide import Change, Decision, History, PoolClaim, PoolState, Signal, decide, is_settled, rising, share_budget
-from .promql import SECONDARY, Observation
+from .promql import SECONDARY, Observation, histogram_quantile
 
 
 
@@ -138,15 +139,47 @@ def decode_offered_from_prefill(prefill: Observation | None, decode: Observation
     return offered / decode.mean_isl * decode.mean_osl
 
 
+def feasible_quantile(svc: PDInferenceService, role: str, obs: Observation | None,
+                      ratio: float | None = None) -> tuple[float, str] | None:
+    """The TTFT quantile of the prompts that can meet the target, and what it is (rule 2c):
+    a prompt whose prefill alone takes longer than the target on an idle replica
+    (capacity.longest_prompt_in_time, at the engines' measured speed ``ratio``) misses it
+    whatever the pool's size. With a share ``f`` of such prompts (the prompt-length
+    histogram, capacity.share_longer), the quantile q of the others is the quantile
+    q x (1 - f) of all the pool's TTFTs, at the target: every prompt too long takes longer
+    than the target, so below it the two distributions count the same requests. None
+    (judge the quantile of all) where the cost model does not apply, without both
+    histograms, with no prompt too long, or an idle pool."""
+    policy = svc.spec.pool(role).autoscaling
+    if (role != "prefill" or policy.target.metric != "ttft" or obs is None or not obs.observed
+            or not obs.prompt_buckets or not obs.latency_buckets):
+        return None
+    target = duration_seconds(policy.target.value)
+    longest = longest_prompt_in_time(svc, target, ratio)
+    if longest is None:
+        return None
+    share = share_longer(obs.prompt_buckets, longest, max_prompt_tokens(svc))
+    if not share:
+        return None
+    q = policy.target.quantile * (1 - share)
+    observed = histogram_quantile(q, obs.latency_buckets)
+    if observed is None:
+        return None
+    return observed, (f"of the prompts that can make it (p{q * 100:.3g} of all: {share:.2%} are longer than "
+                      f"{si(longest)} tokens, which one replica alone prefills in more than {target * 1000:.0f}ms)")
+
+
 def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float | None = None,
             ratio: float | None = None) -> Signal:
     obs = inp.observation
     capacity = _capacity(svc, role, inp, ratio)
+    observed, note = feasible_quantile(svc, role, obs, ratio) or (obs.observed if obs else None, None)
     # secondary signals by metric, those with data only
     secondaries = {metric: getattr(obs, name) for metric, (_, name) in SECONDARY.items()
                    if obs is not None and getattr(obs, name) is not None}
     return Signal(
-        observed=obs.observed if obs else None,
+        observed=observed,
+        observed_note=note,
         observed_at=inp.observed_at if obs and obs.observed is not None else None,
         demand=_max(offered_load(role, obs), upstream),
         capacity=capacity.per_replica if capacity else None,

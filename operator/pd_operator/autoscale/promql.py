@@ -50,6 +50,10 @@ METRICS: dict[str, dict[str, str]] = {
         "prefill_time": "vllm:request_prefill_time_seconds",
         # prompt tokens not computed: prefix-cache hits, local and external (vllm/v1/metrics/loggers.py)
         "prompt_cached": "vllm:prompt_tokens_cached_total",
+        # histograms of prompt tokens per finished request: all of them, and those computed (not
+        # served from a prefix cache) (vllm/v1/metrics/loggers.py)
+        "prompt_hist": "vllm:request_prompt_tokens",
+        "computed_hist": "vllm:request_prefill_kv_computed_tokens",
     },
     "sglang": {
         "ttft": "sglang:time_to_first_token_seconds",
@@ -67,6 +71,9 @@ METRICS: dict[str, dict[str, str]] = {
         "prefill_time": "sglang:per_stage_req_latency_seconds",
         # cached prompt tokens by cache_source, series created at the first hit (same file)
         "prompt_cached": "sglang:cached_tokens_total",
+        # histograms of prompt tokens per finished request, all and uncached (same file)
+        "prompt_hist": "sglang:prompt_tokens_histogram",
+        "computed_hist": "sglang:uncached_prompt_tokens_histogram",
     },
 }
 
@@ -257,6 +264,41 @@ def length_hist_query(engine: str, window: str = "1m") -> Query:
                  f"sum by ({BY}, le) (rate({m}_bucket{_sel('decode')}[{window}]))")
 
 
+def prompt_hist_query(engine: str, window: str = "1m") -> Query:
+    """The rate of the prefill pods' histogram of computed prompt tokens per request (not
+    served from a prefix cache), by bucket (``le``), or of all prompt tokens where the engine
+    has no such histogram: how many prompts are too long for the TTFT target
+    (capacity.share_longer)."""
+    m, sel = METRICS[engine], _sel("prefill")
+    rate = lambda name: f"sum by ({BY}, le) (rate({m[name]}_bucket{sel}[{window}]))"  # noqa: E731
+    return Query((engine, "prefill", "prompt_hist", 0.0), f"{rate('computed_hist')} or {rate('prompt_hist')}")
+
+
+def latency_hist_query(engine: str, role: str, window: str = "1m") -> Query:
+    """The rate of the pool's latency histogram by bucket (``le``): its quantile at any level
+    (:func:`histogram_quantile`), when the level depends on other signals."""
+    metric = METRICS[engine][POOL_METRIC[role]]
+    return Query((engine, role, "latency_hist", 0.0), f"sum by ({BY}, le) (rate({metric}_bucket{_sel(role)}[{window}]))")
+
+
+def histogram_quantile(q: float, buckets) -> float | None:
+    """Prometheus' ``histogram_quantile`` of cumulative ``(le, count)`` pairs: linear inside
+    the bucket that holds the rank (the first starting at 0), the +Inf bucket's lower edge
+    when the rank falls in it. None without counts."""
+    pts = sorted((le, c) for le, c in buckets if c == c)
+    if len(pts) < 2 or pts[-1][1] <= 0 or not math.isinf(pts[-1][0]):
+        return None
+    rank = q * pts[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in pts:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 1.0)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
 def samples(result: list[dict] | None):
     """(labels, value) of each series of an instant-vector result; malformed ones skipped."""
     for series in result or []:
@@ -294,6 +336,8 @@ def pool_queries(engine: str, role: str, quantile: float, window: str = "1m",
         out["mean_itl"] = mean_itl_query(engine, window)
     else:
         out.update(backlog_queries(engine, window))
+        out["prompt_hist"] = prompt_hist_query(engine, window)
+        out["latency_hist"] = latency_hist_query(engine, role, window)
         if (prefill_time := mean_prefill_time_query(engine, window)) is not None:
             out["mean_prefill_time"] = prefill_time
             out["cached_share"] = cached_share_query(engine, window)
@@ -325,9 +369,20 @@ class Observation:
     cached_share: float | None = None  # share of the prompt tokens served from a prefix cache (prefill pods)
     backlog_now: float | None = None     # waiting + running requests now, all pods (prefill pods)
     backlog_growth: float | None = None  # the backlog's growth over the window, requests/s (prefill pods)
+    # cumulative (le, rate) of the computed prompt tokens per request (prefill pods)
+    prompt_buckets: tuple[tuple[float, float], ...] | None = None
+    # cumulative (le, rate) of the pool's latency histogram (prefill pods: TTFT)
+    latency_buckets: tuple[tuple[float, float], ...] | None = None
 
 
-def _finite(value: float | None) -> float | None:
+# queries answered by bucket (``sum by (..., le)``), handed on as cumulative (le, rate) pairs
+BUCKET_QUERIES = ("prompt_hist", "latency_hist")
+BUCKET_FIELDS = {"prompt_hist": "prompt_buckets", "latency_hist": "latency_buckets"}
+
+
+def _finite(value):
+    if isinstance(value, tuple):  # a histogram's buckets
+        return value or None
     return value if value is not None and math.isfinite(value) else None
 
 

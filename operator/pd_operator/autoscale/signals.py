@@ -13,7 +13,7 @@ from urllib3.util.retry import Retry
 
 from .capacity import length_bias
 from .diagnose import WINDOW, Signals, diagnosis_queries, merge, signals_by_service
-from .promql import Observation, by_service, by_service_buckets, observations, pool_queries
+from .promql import BUCKET_FIELDS, BUCKET_QUERIES, Observation, by_service, by_service_buckets, observations, pool_queries
 
 
 # A Prometheus that accepts a connection and never answers must not hold the
@@ -47,7 +47,10 @@ class PrometheusSignals:
         of this engine and role ask for, none when none does)."""
         queries = pool_queries(engine, role, quantile, window, secondaries)
         hist = queries.pop("osl_hist", None)
+        buckets = {BUCKET_FIELDS[name]: queries.pop(name) for name in BUCKET_QUERIES if name in queries}
         results = {name: by_service(self._query(q.promql)) for name, q in queries.items()}
+        for name, q in buckets.items():
+            results[name] = {key: tuple(sorted(b)) for key, b in by_service_buckets(self._query(q.promql)).items()}
         if hist is not None:
             results["osl_bias"] = {key: bias for key, buckets in by_service_buckets(self._query(hist.promql)).items()
                                    if (bias := length_bias(buckets)) is not None}

@@ -54,6 +54,12 @@ ITL_SLO = 0.05
 OSL_BUCKETS = [m * 10 ** k for k in range(6) for m in (1, 2, 5) if m * 10 ** k <= 131072]
 
 
+def request_tokens_buckets(max_model_len: int) -> list[int]:
+    """vLLM's request_tokens histogram family: 1-2-5 edges up to max_model_len
+    (vllm/v1/metrics/buckets.py, build_1_2_5_buckets)."""
+    return [m * 10 ** k for k in range(10) for m in (1, 2, 5) if m * 10 ** k <= max_model_len]
+
+
 class FineHist:
     """Fixed-width histogram (for exact-enough p99 of the reported figures)."""
 
@@ -396,6 +402,8 @@ class BenchFleet:
         self.arrived_output = 0
         self.decoded = 0  # requests finished on decode (the count of its e2e_request_latency_seconds)
         self.osl_hist = PromHist(OSL_BUCKETS)  # generated tokens per finished request
+        # prompt tokens per request finished on prefill (vllm:request_prompt_tokens, the prefill pods')
+        self.isl_hist = PromHist(request_tokens_buckets(self.costs["prefill"].shape.max_model_len))
         self._seq = itertools.count()
         self._series_seq = itertools.count()  # pods' series identities (scrape)
         # dead pools' counters stay in the pool totals (Prometheus sum(rate()) over pods, ignoring resets)
@@ -495,6 +503,7 @@ class BenchFleet:
 
     def _prefill_done(self, r: SimRequest, t: float) -> None:
         arrival, osl = r.tag
+        self.isl_hist.observe(r.prompt_tokens)
         engines = self.ready("decode")
         e = min(engines, key=lambda x: x.num_running + x.num_waiting)
         e.add(DReq(r.prompt_tokens, osl, arrival, next(self._seq)))
@@ -555,6 +564,7 @@ class BenchFleet:
             "gen_tokens": self.gen_tokens,
             "arrived": self.arrived, "arrived_prompt": self.arrived_prompt, "arrived_output": self.arrived_output,
             "decoded": self.decoded, "osl_hist": tuple(self.osl_hist.c),
+            "isl_hist": tuple(self.isl_hist.c), "isl_bounds": tuple(self.isl_hist.bounds),
         }
 
 

@@ -19,7 +19,7 @@ from ..enginesim.clock import VirtualClock
 from ..enginesim.engine import Engine, SimRequest
 from pd_operator.autoscale.capacity import length_bias
 
-from .fleet import ITL_SLO, OSL_BUCKETS, BenchFleet, Scraper
+from .fleet import ITL_SLO, OSL_BUCKETS, TTFT_BUCKETS, BenchFleet, Scraper
 from .reference import BUDGET, INTERVAL, MAX_PER_POOL, START_DELAY, reference_service
 
 
@@ -41,10 +41,13 @@ def observe(prom: Scraper, role: str, quantile: float, decode_demand: str = "tok
         demand = prom.gauge_sum("running", "decode")
         if decode_demand == "running+waiting":
             demand += prom.gauge_sum("waiting", "decode")
-    bias = None
+    bias = prompts = latencies = None
     if role == "decode":
         hist = prom.buckets("osl_hist", OSL_BUCKETS)
         bias = length_bias(hist) if hist else None
+    elif prom.last is not None:
+        prompts = prom.buckets("isl_hist", prom.last["isl_bounds"])
+        latencies = prom.buckets("ttft", TTFT_BUCKETS)
     return Observation(observed, demand,
                        mean_isl=prom.ratio("prompt_tokens", "ttft_count"),
                        mean_osl=prom.ratio("gen_tokens", "decoded"),
@@ -56,6 +59,8 @@ def observe(prom: Scraper, role: str, quantile: float, decode_demand: str = "tok
                        mean_prefill_time=prom.ratio("prefill_sum", "prefill_count") if role == "prefill" else None,
                        backlog_now=prom.backlog(role) if role == "prefill" else None,
                        backlog_growth=prom.backlog_growth(role) if role == "prefill" else None,
+                       prompt_buckets=tuple(prompts) if prompts else None,
+                       latency_buckets=tuple(latencies) if latencies else None,
                        queue=prom.gauge_avg_over_time("waiting", role) if "queueDepth" in secondaries else None,
                        kv_usage=prom.gauge_avg_over_time("kv_usage", role) if "kvCacheUsage" in secondaries else None)
 

@@ -5,7 +5,7 @@ histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seco
 ``vllm:request_time_per_output_token_seconds``, ``vllm:e2e_request_latency_seconds``,
 ``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
 ``vllm:request_decode_time_seconds``, ``vllm:request_prompt_tokens``,
-``vllm:request_generation_tokens``; gauges ``vllm:num_requests_running``,
+``vllm:request_prefill_kv_computed_tokens``, ``vllm:request_generation_tokens``; gauges ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting`` (with requests whose KV is being pulled, as vLLM keeps them),
 ``vllm:num_requests_waiting_by_reason`` (``capacity``, ``deferred``), on decode (a KV consumer)
 ``vllm:num_requests_kv_fetch_by_stage``, ``vllm:kv_cache_usage_perc``; counters
@@ -17,7 +17,8 @@ SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
 ``tp_rank`` = "0"): histograms ``sglang:time_to_first_token_seconds``,
 ``sglang:inter_token_latency_seconds``, ``sglang:e2e_request_latency_seconds``,
 ``sglang:queue_time_seconds``, ``sglang:per_stage_req_latency_seconds`` (stage
-``prefill_forward`` only); gauges ``sglang:num_running_reqs``,
+``prefill_forward`` only), ``sglang:prompt_tokens_histogram``,
+``sglang:uncached_prompt_tokens_histogram``; gauges ``sglang:num_running_reqs``,
 ``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:gen_throughput``,
 ``sglang:cache_hit_rate``, ``sglang:num_decode_prealloc_queue_reqs``,
 ``sglang:num_decode_transfer_queue_reqs``; counters
@@ -54,6 +55,10 @@ STAGE_BUCKETS = tuple(0.001 * 1.62 ** i for i in range(30))
 LAT_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                240.0, 480.0, 960.0, 1920.0, 7680.0)
 TOK_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+# SGLang's default prompt-token buckets (observability/metrics_collector.py)
+SGLANG_PROMPT_BUCKETS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500,
+                         15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000,
+                         400000, 600000, 800000, 1000000, 1100000)
 XFER_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -91,6 +96,9 @@ class PromSink(Sink):
             self._decode = Histogram(p + "request_decode_time_seconds", "Decode phase", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._req_prompt = Histogram(p + "request_prompt_tokens", "Prompt tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
             self._req_gen = Histogram(p + "request_generation_tokens", "Generated tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
+            # no prefix cache in the sim: every prompt token is computed
+            self._req_computed = Histogram(p + "request_prefill_kv_computed_tokens", "New KV tokens computed during prefill",
+                                           names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
             # no prefix cache in the sim: created at 0 per engine, as vLLM does
             Counter(p + "prompt_tokens_cached", "Number of cached prompt tokens (local + external).", names,
@@ -133,7 +141,13 @@ class PromSink(Sink):
             self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
-            self._tpot = self._decode = self._req_prompt = self._req_gen = None
+            self._tpot = self._decode = self._req_gen = None
+            # observed by the tokenizer manager of every server, a PD prefill worker's too, at a
+            # request's end (observability/metrics_collector.py, managers/tokenizer_manager.py)
+            self._req_prompt = Histogram(p + "prompt_tokens_histogram", "Histogram of prompt token length.", names,
+                                         registry=r, buckets=SGLANG_PROMPT_BUCKETS).labels(*lv)
+            self._req_computed = Histogram(p + "uncached_prompt_tokens_histogram", "Histogram of uncached (compute) prompt token length.",
+                                           names, registry=r, buckets=SGLANG_PROMPT_BUCKETS).labels(*lv)
             # SGLang's per-stage latencies; the sim reports the one stage the autoscaler reads:
             # prefill_forward, a request's first forward to its prefill done (observability/req_time_stats.py)
             self._prefill = Histogram(p + "per_stage_req_latency_seconds", "The latency of each stage of requests.",
@@ -240,6 +254,8 @@ class PromSink(Sink):
             self._success.labels(*self._lv, "length").inc()
         if self._req_prompt is not None:
             self._req_prompt.observe(req.prompt_tokens)
+            self._req_computed.observe(req.prompt_tokens)
+        if self._req_gen is not None:
             self._req_gen.observe(req.generated)
             if req.generated > 1 and req.first_token is not None:
                 self._tpot.observe((req.finished - req.first_token) / (req.generated - 1))
