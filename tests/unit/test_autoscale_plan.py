@@ -515,3 +515,22 @@ def test_prompts_too_long_for_the_target_are_left_out_of_the_quantile():
     slow = _long_prompts(s, ((0.5, 50.0), (1.0, 90.0), (2.5, 99.5), (math.inf, 100.0)))
     out = plan_service(s, {"prefill": PoolInput(PoolState(10, 10), slow, 100.0)}, {}, now=100.0)["prefill"]
     assert out.replicas > 10 and "of the prompts that can make it" in out.reason
+
+
+def test_no_prompt_is_longer_than_the_engines_accept():
+    # SGLang's (30000, 35000] bucket with a 32,768-token context: it ends at the context length
+    b = [(30000.0, 90.0), (35000.0, 100.0), (math.inf, 100.0)]
+    assert share_longer(b, 32000, longest=32768) == pytest.approx(0.10 * 768 / 2768)
+    assert share_longer(b, 32768, longest=32768) == 0.0
+    assert share_longer(b, 40000, longest=32768) == 0.0
+
+
+def test_no_quantile_of_the_others_when_every_prompt_is_too_long():
+    s = svc(prefill={"autoscaling": AUTO})
+    longest = longest_prompt_in_time(s, 1.0)
+    ttft = ((1.0, 0.0), (2.5, 99.0), (math.inf, 100.0))
+    obs = Observation(histogram_quantile(0.99, ttft), None, mean_isl=30000.0,
+                      prompt_buckets=((float(longest), 0.0), (math.inf, 100.0)), latency_buckets=ttft)
+    out = plan_service(s, {"prefill": PoolInput(PoolState(4, 4), obs, 100.0)}, {}, now=100.0)["prefill"]
+    # judged on the quantile of all (2b decides whether the feedback helps)
+    assert "of the prompts" not in out.reason and "ttft p99 2500ms above target" in out.reason

@@ -286,3 +286,20 @@ def test_a_failover_keeps_the_measured_engine_speed():
     third.run_once([b_new], force=True)
     assert third.histories[("ns", "svc")]["decode"].step_ratio is None
     assert "stepRatio" not in kube.status["decode"]["autoscaler"]
+
+
+def test_a_reason_longer_than_the_status_field_is_cut_not_refused(monkeypatch):
+    # the CRD caps status.<pool>.lastScaleReason (1024): a longer one would have the API server
+    # refuse the whole status patch, replicas and conditions with it
+    import pd_operator.controller.autoscaler as loop
+    from pd_operator.api.models import SCALE_REASON_MAX
+    from pd_operator.autoscale.decide import Decision
+
+    long_reason = "1 -> 2: " + "x" * 3000
+    monkeypatch.setattr(loop, "plan_service",
+                        lambda svc, inputs, histories, now, room=None: {"prefill": Decision(2, long_reason, True, 2)})
+    kube = FakeKube()
+    Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1000.0).run_once([body()])
+    assert kube.replicas["svc-prefill"] == 2
+    why = kube.status["prefill"]["lastScaleReason"]
+    assert len(why) == SCALE_REASON_MAX and why.startswith("1 -> 2: xxx") and why.endswith("...")

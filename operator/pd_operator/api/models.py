@@ -84,6 +84,10 @@ def _schema_rules(schema: dict, cls: type) -> None:
         schema["x-kubernetes-validations"] = [r.to_crd() for r in rules]
 
 
+
+# status.<pool>.lastScaleReason: the CRD's maxLength (the autoscaler cuts longer reasons)
+SCALE_REASON_MAX = 1024
+
 class Base(BaseModel):
     """camelCase on the wire, unknown fields refused, cross-field rules checked."""
 
@@ -1299,7 +1303,7 @@ class PoolStatus(Base):
     desired_replicas: int = Field(0, ge=0, description="Replicas the operator (or the autoscaler) wants.")
     pending_replicas: int = Field(0, ge=0, description="Pods not scheduled yet.")
     last_scale_time: Optional[str] = Field(None, description="When the pool was last resized (RFC 3339).", json_schema_extra={"format": "date-time"})
-    last_scale_reason: Optional[Annotated[str, StringConstraints(max_length=1024)]] = Field(None, description="Why the pool was last resized.")
+    last_scale_reason: Optional[Annotated[str, StringConstraints(max_length=SCALE_REASON_MAX)]] = Field(None, description="Why the pool was last resized.")
     autoscaler: Optional[AutoscalerMemory] = Field(None, description="The autoscaler's memory of this pool (written by the autoscaler).")
 
 

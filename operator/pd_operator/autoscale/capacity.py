@@ -345,19 +345,22 @@ def share_longer(buckets, length: float, longest: float | None = None) -> float 
     """The share of requests longer than ``length`` tokens, from a histogram of request lengths
     (Prometheus' cumulative ``(le, count)`` pairs, e.g. the rate of
     ``vllm:request_prompt_tokens_bucket``), interpolated linearly inside the bucket that holds
-    ``length`` (as ``histogram_quantile`` does); the +Inf bucket ends at ``longest`` (the
-    longest prompt the engines accept), unknown: its requests all count as longer. None
-    without counts."""
+    ``length`` (as ``histogram_quantile`` does); no request is longer than ``longest`` (the
+    longest prompt the engines accept: a bucket past it ends there); unknown, the +Inf
+    bucket's requests all count as longer. None without counts. Within its bucket the
+    estimate can err either way by up to that bucket's share (vLLM's buckets are 1-2-5)."""
     pts = sorted((le, c) for le, c in buckets if c == c)
     if not pts or pts[-1][1] <= 0:
         return None
     total = pts[-1][1]
+    if longest and length >= longest:
+        return 0.0  # every prompt the engines accept
     below, prev_le, prev_c = 0.0, 0.0, 0.0
     for le, c in pts:
         if le <= length:
             below = c
         else:
-            top = longest if math.isinf(le) and longest else le
+            top = min(le, longest) if longest else le
             if not math.isinf(top) and top > prev_le:
                 below = prev_c + (c - prev_c) * min(1.0, (length - prev_le) / (top - prev_le))
             break

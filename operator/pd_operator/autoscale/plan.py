@@ -147,9 +147,13 @@ def feasible_quantile(svc: PDInferenceService, role: str, obs: Observation | Non
     whatever the pool's size. With a share ``f`` of such prompts (the prompt-length
     histogram, capacity.share_longer), the quantile q of the others is the quantile
     q x (1 - f) of all the pool's TTFTs, at the target: every prompt too long takes longer
-    than the target, so below it the two distributions count the same requests. None
+    than the target, so below it the two distributions count the same requests: the value is
+    exact at and below the target, and above it a lower bound (a scale-up is sized on less
+    than the others' own quantile; the demand floor and the next rounds make up for it). An
+    error of ``f`` (its bucket is interpolated) moves the quantile judged; it never takes the
+    pool below the demand floor, which 2c needs anyway (both come from the cost model). None
     (judge the quantile of all) where the cost model does not apply, without both
-    histograms, with no prompt too long, or an idle pool."""
+    histograms, with no prompt too long or all of them, or an idle pool."""
     policy = svc.spec.pool(role).autoscaling
     if (role != "prefill" or policy.target.metric != "ttft" or obs is None or not obs.observed
             or not obs.prompt_buckets or not obs.latency_buckets):
@@ -159,8 +163,8 @@ def feasible_quantile(svc: PDInferenceService, role: str, obs: Observation | Non
     if longest is None:
         return None
     share = share_longer(obs.prompt_buckets, longest, max_prompt_tokens(svc))
-    if not share:
-        return None
+    if not share or share >= 1:
+        return None  # none too long; or all of them: no quantile of the others to judge
     q = policy.target.quantile * (1 - share)
     observed = histogram_quantile(q, obs.latency_buckets)
     if observed is None:

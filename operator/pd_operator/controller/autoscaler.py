@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..api import SpecError, validate_service
-from ..api.models import PDInferenceService, duration_seconds
+from ..api.models import SCALE_REASON_MAX, PDInferenceService, duration_seconds
 from ..autoscale import fit
 from ..autoscale.decide import Change, History, PoolState
 from ..autoscale.decide import Event as Recommendation
@@ -436,7 +436,9 @@ class Autoscaler:
                 self.kube.apply_replicas(pool_kind(svc, role), namespace, child_name(svc, role), d.replicas)
                 log.info("%s/%s %s: %s", namespace, name, role, d.reason)
                 self.event(body, "Normal", "Autoscaled", f"{role}: {d.reason}")
-                self.last_scale[(namespace, name, role)] = (stamp, d.reason)
+                # the CRD caps the status field: a longer reason would have the whole patch refused
+                why = d.reason if len(d.reason) <= SCALE_REASON_MAX else d.reason[:SCALE_REASON_MAX - 3] + "..."
+                self.last_scale[(namespace, name, role)] = (stamp, why)
             if (namespace, name, role) in self.last_scale:
                 at, why = self.last_scale[(namespace, name, role)]
                 patch[role] = {"lastScaleTime": at, "lastScaleReason": why}
