@@ -54,14 +54,16 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
         running=0.0, more: dict[str, float] | None = None, hists: dict[str, dict[float, float]] | None = None):
     """The metrics page of one engine pod: latency histograms (bucket rates),
     token counters and finished requests (per second), gauges, ``hists`` (more histograms by
-    name: bucket rates) and ``more`` series as written."""
+    name: bucket rates) and ``more`` series as written. ``ttft=False``: no TTFT series at all
+    (an SGLang PD prefill worker's)."""
     waiting_gauge, kv_gauge = {"vllm": ("num_requests_waiting", "kv_cache_usage_perc"),
                                "sglang": ("num_queue_reqs", "token_usage")}[engine]
     running_gauge = {"vllm": "num_requests_running", "sglang": "num_running_reqs"}[engine]
 
     def page(_scrape: int, elapsed: float) -> dict[str, float]:
         out: dict[str, float] = {}
-        out.update(histogram(f"{engine}:time_to_first_token_seconds", ttft or {INF: 0.0}, elapsed))
+        if ttft is not False:
+            out.update(histogram(f"{engine}:time_to_first_token_seconds", ttft or {INF: 0.0}, elapsed))
         out.update(histogram(f"{engine}:inter_token_latency_seconds", itl or {INF: 0.0}, elapsed))
         out.update(histogram(f"{engine}:e2e_request_latency_seconds", {INF: finished}, elapsed))
         out.update(counter(f"{engine}:prompt_tokens_total", prompt, elapsed))
@@ -114,13 +116,14 @@ PODS = {
     # an engine without the computed-tokens histogram: all its prompts
     ("team-b", "busy", "prefill"): [pod("vllm", ttft={0.1: 5, 0.5: 0, 1.0: 0, INF: 0}, prompt=500, waiting=9, kv=0.1,
                                         hists={"vllm:request_prompt_tokens": {100: 4, 200: 1, INF: 0}})],
-    # SGLang
-    ("team-a", "sg", "prefill"): [pod("sglang", ttft={0.25: 0, 0.5: 3, 1.0: 1, INF: 0}, prompt=8000, waiting=5, kv=0.3,
+    # SGLang: its PD prefill workers report no TTFT, its decode workers the request's
+    ("team-a", "sg", "prefill"): [pod("sglang", ttft=False, prompt=8000, waiting=5, kv=0.3,
                                       hists={"sglang:prompt_tokens_histogram": {2000: 3, 20000: 1, INF: 0},
                                              "sglang:uncached_prompt_tokens_histogram": {2000: 4, 20000: 0, INF: 0}})],
     # with priority scheduling: the total under priority="" and a breakdown by priority besides;
     # in PD, a decode pod's requests waiting for KV memory (a slot) are in its prealloc queue
-    ("team-a", "sg", "decode"): [pod("sglang", itl={0.02: 4, 0.04: 4, INF: 0}, generated=300, finished=1.5,
+    ("team-a", "sg", "decode"): [pod("sglang", ttft={0.25: 0, 0.5: 3, 1.0: 1, INF: 0}, itl={0.02: 4, 0.04: 4, INF: 0},
+                                     generated=300, finished=1.5,
                                      waiting=3, kv=0.9, running=12,
                                      more={'sglang:num_queue_reqs{priority="0"}': 1.0,
                                            'sglang:num_queue_reqs{priority="5"}': 2.0,
@@ -224,7 +227,8 @@ def test_without_secondaries_they_are_not_read(prom):
 
 def test_sglang(prom):
     pre = prom.pool("sglang", "prefill", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg")]
-    # (0.25,0.5] 3/s, (0.5,1] 1/s: rank 3.96 lies in (0.5,1], 3 below it
+    # the TTFT of the decode pods (the prefill pods have none): (0.25,0.5] 3/s, (0.5,1] 1/s:
+    # rank 3.96 lies in (0.5,1], 3 below it; the ISL over the prompt histogram's count, 4/s
     assert pre.observed == approx(0.5 + 0.5 * (0.99 * 4 - 3) / 1)
     assert (pre.demand, pre.mean_isl, pre.queue, pre.kv_usage) == (approx(8000), approx(8000 / 4), approx(5), approx(0.3))
     dec = prom.pool("sglang", "decode", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg")]

@@ -45,6 +45,13 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
     assert pool_queries("vllm", "prefill", 0.99)["cached_share"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_cached_total{pdserving_io_role="prefill"}[1m]))'
         ' / sum by (namespace, pdserving_io_service) (rate(vllm:prompt_tokens_total{pdserving_io_role="prefill"}[1m]))')
+    # SGLang: its PD prefill workers observe no TTFT; the decode pods' is the request's
+    sg = pool_queries("sglang", "prefill", 0.99)
+    assert 'sglang:time_to_first_token_seconds_bucket{pdserving_io_role="decode"}' in sg["quantile"].promql
+    assert 'sglang:time_to_first_token_seconds_count{pdserving_io_role="decode"}' in sg["rate"].promql
+    assert '{pdserving_io_role="decode"}' in sg["latency_hist"].promql
+    assert sg["mean_isl"].promql.endswith(
+        '/ sum by (namespace, pdserving_io_service) (rate(sglang:prompt_tokens_histogram_count{pdserving_io_role="prefill"}[1m]))')
     # SGLang: the prefill_forward stage of its per-stage latency histogram
     assert pool_queries("sglang", "prefill", 0.99)["mean_prefill_time"].promql == (
         'sum by (namespace, pdserving_io_service) (rate(sglang:per_stage_req_latency_seconds_sum{pdserving_io_role="prefill",stage="prefill_forward"}[1m]))'

@@ -10,8 +10,9 @@ Series are matched by the pod labels Prometheus copies from the engine pods
 (``sum by (namespace, pdserving_io_service, ...)``), not one per service.
 
 Which pool's series drive which decision: prefill is sized on the TTFT its
-own pods report (queueing + prefill compute), decode on the ITL of the decode
-pods. An idle pool (its request-count rate is 0) reports latency 0 (a real
+own pods report (queueing + prefill compute; SGLang's PD prefill workers report
+none, so the decode pods' TTFT of the same requests: ``LATENCY_ROLE``), decode
+on the ITL of the decode pods. An idle pool (its request-count rate is 0) reports latency 0 (a real
 signal: nothing to serve); a pool with no series at all has no data (hold).
 
 Besides: the demand (tokens/s) of the model floor; the mean prompt length
@@ -97,6 +98,11 @@ SLOT_WAITING = {"vllm": ("vllm:num_requests_waiting_by_reason", "vllm:num_reques
                 "sglang": ("sglang:num_decode_prealloc_queue_reqs",)}
 
 POOL_METRIC = {"prefill": "ttft", "decode": "itl"}
+# The pods whose latency histogram a pool is judged on, where not the pool's own: SGLang's PD
+# prefill workers never observe TTFT (managers/tokenizer_manager.py, collect_metrics); its decode
+# workers do, from the request's receipt (which the router sends to both pools at once) to the
+# first token: the request's TTFT, the wait for the prefill and the KV included.
+LATENCY_ROLE = {("sglang", "prefill"): "decode"}
 
 # Secondary signal (the CRD's secondaryTargets[].metric) -> (engine gauge in METRICS, Observation field).
 SECONDARY = {"queueDepth": ("waiting", "queue"), "kvCacheUsage": ("kv_usage", "kv_usage")}
@@ -105,6 +111,9 @@ SECONDARY = {"queueDepth": ("waiting", "queue"), "kvCacheUsage": ("kv_usage", "k
 # ISL: prompt tokens over prefill requests (each prefill request reports one TTFT);
 # OSL: generated tokens over finished decode requests.
 LENGTHS = {"mean_isl": ("prefill", "prompt_tokens", "ttft"), "mean_osl": ("decode", "generation_tokens", "e2e")}
+# The request count of a length where an engine's pods lack the one above: SGLang's prefill pods
+# report no TTFT (LATENCY_ROLE), but their prompt-length histogram counts each finished request.
+LENGTH_REQUESTS = {("sglang", "mean_isl"): "prompt_hist"}
 
 # What each pool's capacity estimate needs (autoscale/capacity.py): prefill
 # capacity depends on the prompt length, decode capacity on the mean context.
@@ -132,7 +141,7 @@ def _sel(role: str, extra: str = "") -> str:
 def latency_queries(engine: str, role: str, quantile: float, window: str = "1m") -> list[Query]:
     """The quantile of the pool's latency and its sample rate, for all services."""
     metric = METRICS[engine][POOL_METRIC[role]]
-    sel = _sel(role)
+    sel = _sel(LATENCY_ROLE.get((engine, role), role))
     return [
         Query((engine, role, "quantile", quantile),
               f"histogram_quantile({quantile:g}, sum by ({BY}, le) (rate({metric}_bucket{sel}[{window}])))"),
@@ -153,6 +162,7 @@ def mean_length_query(engine: str, name: str, window: str = "1m") -> Query:
     """Mean ISL (``mean_isl``) or OSL (``mean_osl``) in tokens over the window, for all
     services: the token rate over the request rate of the pods that see it. NaN when idle."""
     role, tokens, requests = LENGTHS[name]
+    requests = LENGTH_REQUESTS.get((engine, name), requests)
     m, sel = METRICS[engine], _sel(role)
     return Query((engine, role, name, 0.0),
                  f"sum by ({BY}) (rate({m[tokens]}{sel}[{window}])) / sum by ({BY}) (rate({m[requests]}_count{sel}[{window}]))")
@@ -278,7 +288,8 @@ def latency_hist_query(engine: str, role: str, window: str = "1m") -> Query:
     """The rate of the pool's latency histogram by bucket (``le``): its quantile at any level
     (:func:`histogram_quantile`), when the level depends on other signals."""
     metric = METRICS[engine][POOL_METRIC[role]]
-    return Query((engine, role, "latency_hist", 0.0), f"sum by ({BY}, le) (rate({metric}_bucket{_sel(role)}[{window}]))")
+    sel = _sel(LATENCY_ROLE.get((engine, role), role))
+    return Query((engine, role, "latency_hist", 0.0), f"sum by ({BY}, le) (rate({metric}_bucket{sel}[{window}]))")
 
 
 def histogram_quantile(q: float, buckets) -> float | None:

@@ -78,6 +78,9 @@ class SimRequest:
     on_token: Optional[Callable[["SimRequest", float], None]] = None
     on_finish: Optional[Callable[["SimRequest", float], None]] = None
     tag: Any = None
+    # when the server took the request, if before the engine did (SGLang measures TTFT and e2e from
+    # its tokenizer's receipt: a PD decode pod's include the wait for the prefill); None: ``arrival``
+    received: Optional[float] = None
     # state
     arrival: float = 0.0
     admitted: Optional[float] = None
@@ -262,7 +265,7 @@ class Engine:
         self.sink.generation_tokens(1)
         if r.first_token is None:
             r.first_token = now
-            self.sink.ttft(now - r.arrival)
+            self.sink.ttft(now - (r.received if r.received is not None else r.arrival))
         else:
             itl = now - r.last_token
             r.itls.append(itl)
@@ -278,7 +281,7 @@ class Engine:
         self.running.remove(r)
         self.kv_used -= r.reserve
         self.completed += 1
-        self.sink.e2e(now - r.arrival)
+        self.sink.e2e(now - (r.received if r.received is not None else r.arrival))
         if r.first_token is not None:
             self.sink.decode_time(now - r.first_token)
         self.sink.finished(r)

@@ -137,7 +137,11 @@ class PromSink(Sink):
             names = ["model_name", "engine_type", "tp_rank"]
             lv = (served_name, role, "0")
             p = "sglang:"
-            self._ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token", names, registry=r, buckets=TTFT_BUCKETS).labels(*lv)
+            # a PD prefill worker never observes TTFT (managers/tokenizer_manager.py, collect_metrics),
+            # and SGLang creates the series at its first observation: none on a prefill pod
+            self._ttft = (None if role == "prefill" else
+                          Histogram(p + "time_to_first_token_seconds", "Time to first token", names, registry=r,
+                                    buckets=TTFT_BUCKETS).labels(*lv))
             self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
@@ -215,7 +219,8 @@ class PromSink(Sink):
 
     # ---- Sink --------------------------------------------------------------------
     def ttft(self, v: float) -> None:
-        self._ttft.observe(v)
+        if self._ttft is not None:
+            self._ttft.observe(v)
         self.samples.ttft.append(v)
 
     def itl(self, v: float) -> None:

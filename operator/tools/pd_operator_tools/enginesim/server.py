@@ -374,6 +374,9 @@ class SimServer:
             return _err(503, "The engine is currently busy and cannot accept new requests. "
                         "Please try again later or on a different instance.", "ServiceUnavailableError")
         req = SimRequest(n_prompt, max_tokens, id=request.headers.get("X-Request-Id") or uuid.uuid4().hex)
+        if cfg.flavor == "sglang":
+            # SGLang's latencies start at the tokenizer's receipt (req_time_stats.py, created_time)
+            req.received = self.engine.clock.now()
         response_kv: Optional[dict] = None
         room: Optional[int] = None
         if cfg.flavor == "vllm":
