@@ -84,9 +84,9 @@ def _schema_rules(schema: dict, cls: type) -> None:
         schema["x-kubernetes-validations"] = [r.to_crd() for r in rules]
 
 
-
 # status.<pool>.lastScaleReason: the CRD's maxLength (the autoscaler cuts longer reasons)
 SCALE_REASON_MAX = 1024
+
 
 class Base(BaseModel):
     """camelCase on the wire, unknown fields refused, cross-field rules checked."""

@@ -63,6 +63,7 @@ class Sink:
     def transfer(self, v: float) -> None: ...
     def finished(self, req: "SimRequest") -> None: ...
     def prompt_tokens(self, n: int) -> None: ...
+    def prompt_external(self, n: int) -> None: ...  # prompt tokens whose KV came from a prefill pod
     def generation_tokens(self, n: int) -> None: ...
 
 
@@ -208,6 +209,7 @@ class Engine:
         self.transferring.remove(req)
         req.kv_ready = now
         req.computed = req.prompt_tokens
+        self.sink.prompt_external(req.prompt_tokens)
         self.sink.transfer(now - req.admitted)
         self.running.append(req)
         self._kick_soon()

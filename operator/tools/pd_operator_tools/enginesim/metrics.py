@@ -11,7 +11,8 @@ histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seco
 ``vllm:num_requests_kv_fetch_by_stage``, ``vllm:kv_cache_usage_perc``; counters
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
 ``vllm:request_success_total``, ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_cached_total``
-(always 0: no prefix cache).
+(no prefix cache: on a decode pod, the prompts whose KV it pulled; 0 on a prefill pod). A decode
+pod counts its requests' prompts in ``prompt_tokens_total`` too, as both engines do.
 
 SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
 ``tp_rank`` = "0"): histograms ``sglang:time_to_first_token_seconds``,
@@ -100,9 +101,10 @@ class PromSink(Sink):
             self._req_computed = Histogram(p + "request_prefill_kv_computed_tokens", "New KV tokens computed during prefill",
                                            names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
-            # no prefix cache in the sim: created at 0 per engine, as vLLM does
-            Counter(p + "prompt_tokens_cached", "Number of cached prompt tokens (local + external).", names,
-                    registry=r).labels(*lv)
+            # created at 0 per engine, as vLLM does; no prefix cache in the sim, so only a decode
+            # pod's prompts, whose KV came from the prefill pod (external)
+            self._prompt_cached = Counter(p + "prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+                                          names, registry=r).labels(*lv)
             self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
             self._success = Counter(p + "request_success", "Finished requests", names + ["finished_reason"], registry=r)
             self._lv = lv
@@ -145,7 +147,7 @@ class PromSink(Sink):
             self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
-            self._tpot = self._decode = self._req_gen = None
+            self._tpot = self._decode = self._req_gen = self._prompt_cached = None
             # observed by the tokenizer manager of every server, a PD prefill worker's too, at a
             # request's end (observability/metrics_collector.py, managers/tokenizer_manager.py)
             self._req_prompt = Histogram(p + "prompt_tokens_histogram", "Histogram of prompt token length.", names,
@@ -250,6 +252,14 @@ class PromSink(Sink):
         self._prompt.inc(n)
         self.samples.prompt_tokens += n
 
+    def prompt_external(self, n: int) -> None:
+        # a decode pod's prompt counts in the total too: vLLM as external KV (PromptTokenStats,
+        # v1/metrics/stats.py: computed + local_cache_hit + external_kv_transfer = total, and
+        # cached = local + external); SGLang per finished request (observe_one_finished_request)
+        self._prompt.inc(n)
+        if self._prompt_cached is not None:
+            self._prompt_cached.inc(n)
+
     def generation_tokens(self, n: int) -> None:
         self._gen.inc(n)
         self.samples.generation_tokens += n
@@ -259,7 +269,8 @@ class PromSink(Sink):
             self._success.labels(*self._lv, "length").inc()
         if self._req_prompt is not None:
             self._req_prompt.observe(req.prompt_tokens)
-            self._req_computed.observe(req.prompt_tokens)
+            # vLLM: num_prompt_tokens - num_cached_tokens, the external ones cached (a decode pod's: 0)
+            self._req_computed.observe(0 if req.kv_transfer and self.flavor == "vllm" else req.prompt_tokens)
         if self._req_gen is not None:
             self._req_gen.observe(req.generated)
             if req.generated > 1 and req.first_token is not None:
