@@ -109,7 +109,13 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
     assert prefill[("team-a", "busy")].mean_prefill_time == pytest.approx(pt, rel=0.02) and pt > 0
     # the share of prompt tokens from a prefix cache: none here (vLLM's counter at 0; SGLang's appears at a hit)
     assert prefill[("team-a", "busy")].cached_share == (0.0 if kind == "vllm" else None)
-    assert prefill[("team-a", "idle")].mean_prefill_time is None and busy.mean_prefill_time is None
+    if kind == "vllm":
+        assert prefill[("team-a", "idle")].mean_prefill_time is None
+    else:
+        # SGLang creates its TTFT series at the first request: an engine never used has none, so
+        # the pool has no latency data (and holds)
+        assert ("team-a", "idle") not in prefill
+    assert busy.mean_prefill_time is None
     assert busy.queue > 0 and busy.kv_usage > 0
     assert (idle.mean_isl, idle.mean_osl, idle.queue, idle.kv_usage) == (None, None, 0.0, 0.0)
     # offered load (issue 14): the pool's waiting and running requests, summed over its pods
@@ -118,7 +124,8 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
     assert busy.waiting_min == pytest.approx(busy.queue) and busy.waiting_min > 0 and idle.waiting_min == 0.0
     # the prefill backlog now (all 8 done: none; tests/sim/test_promql_results.py checks its
     # growth's figures)
-    assert prefill[("team-a", "busy")].backlog_now == 0.0 and prefill[("team-a", "idle")].backlog_now == 0.0
+    assert prefill[("team-a", "busy")].backlog_now == 0.0
+    assert kind == "sglang" or prefill[("team-a", "idle")].backlog_now == 0.0
     # OSL spread from the generated-tokens histogram (vLLM: vllm:request_generation_tokens,
     # 1-2-5 buckets): every OSL here is 64..71, all in (50, 100], read at its geometric middle
     if kind == "vllm":

@@ -32,17 +32,18 @@ WINDOW = "8s"
 INF = math.inf
 
 
-def histogram(name: str, rates: dict[float, float], elapsed: float) -> dict[str, float]:
+def histogram(name: str, rates: dict[float, float], elapsed: float, labels: str = "") -> dict[str, float]:
     """``name`` as a classic histogram whose buckets grow at ``rates`` (per
-    bucket, not cumulative; observations per second) since the exporter started.
-    A constant offset keeps the counters far from zero (no rate() extrapolation
-    to zero)."""
+    bucket, not cumulative; observations per second) since the exporter started,
+    with more ``labels`` (``a="x",b="y"``). A constant offset keeps the counters far
+    from zero (no rate() extrapolation to zero)."""
     out, cum = {}, 0.0
+    more = f"{labels}," if labels else ""
     for le in sorted(rates):
         cum += rates[le]
-        out[f'{name}_bucket{{le="{"+Inf" if le == INF else le}"}}'] = 1000.0 + cum * elapsed
-    out[f"{name}_count"] = 1000.0 + cum * elapsed
-    out[f"{name}_sum"] = 500.0 + cum * elapsed * 0.1
+        out[f'{name}_bucket{{{more}le="{"+Inf" if le == INF else le}"}}'] = 1000.0 + cum * elapsed
+    out[f"{name}_count{{{labels}}}" if labels else f"{name}_count"] = 1000.0 + cum * elapsed
+    out[f"{name}_sum{{{labels}}}" if labels else f"{name}_sum"] = 500.0 + cum * elapsed * 0.1
     return out
 
 
@@ -72,7 +73,8 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
         out[f"{engine}:{running_gauge}"] = running
         out[f"{engine}:{kv_gauge}"] = kv
         for name, rates in (hists or {}).items():
-            out.update(histogram(name, rates, elapsed))
+            name, _, labels = name.partition("|")  # "metric|a=\"x\"": with labels
+            out.update(histogram(name, rates, elapsed, labels))
         out.update(more or {})
         return out
 
@@ -120,9 +122,21 @@ PODS = {
     ("team-a", "sg", "prefill"): [pod("sglang", ttft=False, prompt=8000, waiting=5, kv=0.3,
                                       hists={"sglang:prompt_tokens_histogram": {2000: 3, 20000: 1, INF: 0},
                                              "sglang:uncached_prompt_tokens_histogram": {2000: 4, 20000: 0, INF: 0}})],
+    # no request streamed: the TTFTs there are
+    ("team-a", "sg-batch", "prefill"): [pod("sglang", ttft=False, prompt=1000,
+                                            hists={"sglang:prompt_tokens_histogram": {2000: 1, INF: 0}})],
+    ("team-a", "sg-batch", "decode"): [pod("sglang", ttft=False, hists={
+        'sglang:time_to_first_token_seconds|is_streaming="true"': {2.5: 0, INF: 0},
+        'sglang:time_to_first_token_seconds|is_streaming="false"': {2.5: 0, 5.0: 2, INF: 0}})],
     # with priority scheduling: the total under priority="" and a breakdown by priority besides;
     # in PD, a decode pod's requests waiting for KV memory (a slot) are in its prealloc queue
-    ("team-a", "sg", "decode"): [pod("sglang", ttft={0.25: 0, 0.5: 3, 1.0: 1, INF: 0}, itl={0.02: 4, 0.04: 4, INF: 0},
+    # its TTFTs labelled is_streaming: a request not streamed reads its first batched output
+    # (50 tokens in), so the streamed ones count where there are any
+    ("team-a", "sg", "decode"): [pod("sglang", ttft=False, itl={0.02: 4, 0.04: 4, INF: 0},
+                                     hists={'sglang:time_to_first_token_seconds|is_streaming="true"':
+                                            {0.25: 0, 0.5: 3, 1.0: 1, INF: 0},
+                                            'sglang:time_to_first_token_seconds|is_streaming="false"':
+                                            {2.5: 0, 5.0: 6, INF: 0}},
                                      generated=300, finished=1.5,
                                      waiting=3, kv=0.9, running=12,
                                      more={'sglang:num_queue_reqs{priority="0"}': 1.0,
@@ -227,9 +241,15 @@ def test_without_secondaries_they_are_not_read(prom):
 
 def test_sglang(prom):
     pre = prom.pool("sglang", "prefill", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg")]
-    # the TTFT of the decode pods (the prefill pods have none): (0.25,0.5] 3/s, (0.5,1] 1/s:
-    # rank 3.96 lies in (0.5,1], 3 below it; the ISL over the prompt histogram's count, 4/s
+    # the TTFT of the decode pods (the prefill pods have none), of the streamed requests:
+    # (0.25,0.5] 3/s, (0.5,1] 1/s: rank 3.96 lies in (0.5,1], 3 below it; the ISL over the
+    # prompt histogram's count, 4/s
     assert pre.observed == approx(0.5 + 0.5 * (0.99 * 4 - 3) / 1)
+    assert histogram_quantile(0.5, pre.latency_buckets) == approx(0.25 + 0.25 * (2 - 0) / 3)
+    # none streamed (the streamed series flat): all the requests, (2.5,5] 2/s
+    batch = prom.pool("sglang", "prefill", 0.99, window=WINDOW)[("team-a", "sg-batch")]
+    assert batch.observed == approx(2.5 + 2.5 * 0.99) and batch.mean_isl == approx(1000 / 1)
+    assert histogram_quantile(0.99, batch.latency_buckets) == approx(batch.observed)
     assert (pre.demand, pre.mean_isl, pre.queue, pre.kv_usage) == (approx(8000), approx(8000 / 4), approx(5), approx(0.3))
     dec = prom.pool("sglang", "decode", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg")]
     # (0,0.02] 4/s, (0.02,0.04] 4/s: rank 7.92 lies in (0.02,0.04], 4 below it

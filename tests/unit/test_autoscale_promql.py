@@ -50,6 +50,8 @@ def test_pool_queries_ask_for_secondaries_only_when_wanted():
     assert 'sglang:time_to_first_token_seconds_bucket{pdserving_io_role="decode"}' in sg["quantile"].promql
     assert 'sglang:time_to_first_token_seconds_count{pdserving_io_role="decode"}' in sg["rate"].promql
     assert '{pdserving_io_role="decode"}' in sg["latency_hist"].promql
+    # the streamed requests where a service has any (a batched one's TTFT is its first output batch)
+    assert 'is_streaming="true"' in sg["quantile"].promql and 'is_streaming' not in sg["rate"].promql
     assert sg["mean_isl"].promql.endswith(
         '/ sum by (namespace, pdserving_io_service) (rate(sglang:prompt_tokens_histogram_count{pdserving_io_role="prefill"}[1m]))')
     # SGLang: the prefill_forward stage of its per-stage latency histogram

@@ -103,12 +103,17 @@ POOL_METRIC = {"prefill": "ttft", "decode": "itl"}
 # workers do, from the request's receipt (which the router sends to both pools at once) to the
 # first token: the request's TTFT, the wait for the prefill and the KV included.
 LATENCY_ROLE = {("sglang", "prefill"): "decode"}
+# There, streamed requests where a service has any: for a request not streamed, a decode worker's
+# TTFT is its first batched output (every SGLANG_FORCE_STREAM_INTERVAL = 50 tokens, or the end:
+# managers/scheduler_components/output_streamer.py), as only a prefill worker stamps the
+# scheduler's first-token time (tokenizer_manager.py, _get_scheduler_first_token_time).
+LATENCY_STREAMED = {("sglang", "prefill"): 'is_streaming="true"'}
 
 # Secondary signal (the CRD's secondaryTargets[].metric) -> (engine gauge in METRICS, Observation field).
 SECONDARY = {"queueDepth": ("waiting", "queue"), "kvCacheUsage": ("kv_usage", "kv_usage")}
 
 # Mean request length (Observation field) -> (role of the pods, token counter, request-count histogram).
-# ISL: prompt tokens over prefill requests (each prefill request reports one TTFT);
+# ISL: prompt tokens over prefill requests (each prefill request reports one TTFT; SGLang's: below);
 # OSL: generated tokens over finished decode requests.
 LENGTHS = {"mean_isl": ("prefill", "prompt_tokens", "ttft"), "mean_osl": ("decode", "generation_tokens", "e2e")}
 # The request count of a length where an engine's pods lack the one above: SGLang's prefill pods
@@ -138,13 +143,30 @@ def _sel(role: str, extra: str = "") -> str:
     return f'{{{ROLE}="{role}"' + (f",{extra}" if extra else "") + "}"
 
 
+def _latency_buckets(engine: str, role: str, window: str) -> str:
+    """The rate of the pool's latency histogram by bucket, for all services: on the pods that
+    report it (``LATENCY_ROLE``), of the streamed requests where a service has any
+    (``LATENCY_STREAMED``), else of all."""
+    metric = METRICS[engine][POOL_METRIC[role]]
+    pods = LATENCY_ROLE.get((engine, role), role)
+    every = f"sum by ({BY}, le) (rate({metric}_bucket{_sel(pods)}[{window}]))"
+    streamed = LATENCY_STREAMED.get((engine, role))
+    if streamed is None:
+        return every
+    sel = _sel(pods, streamed)
+    some = f"sum by ({BY}) (rate({metric}_count{sel}[{window}])) > 0"
+    # whole services either way (``on``): never buckets of the one mixed with the other's
+    return (f"(sum by ({BY}, le) (rate({metric}_bucket{sel}[{window}])) and on ({BY}) ({some}))"
+            f" or ({every} unless on ({BY}) ({some}))")
+
+
 def latency_queries(engine: str, role: str, quantile: float, window: str = "1m") -> list[Query]:
-    """The quantile of the pool's latency and its sample rate, for all services."""
+    """The quantile of the pool's latency and its sample rate (all requests), for all services."""
     metric = METRICS[engine][POOL_METRIC[role]]
     sel = _sel(LATENCY_ROLE.get((engine, role), role))
     return [
         Query((engine, role, "quantile", quantile),
-              f"histogram_quantile({quantile:g}, sum by ({BY}, le) (rate({metric}_bucket{sel}[{window}])))"),
+              f"histogram_quantile({quantile:g}, {_latency_buckets(engine, role, window)})"),
         Query((engine, role, "rate", quantile), f"sum by ({BY}) (rate({metric}_count{sel}[{window}]))"),
     ]
 
@@ -287,9 +309,7 @@ def prompt_hist_query(engine: str, window: str = "1m") -> Query:
 def latency_hist_query(engine: str, role: str, window: str = "1m") -> Query:
     """The rate of the pool's latency histogram by bucket (``le``): its quantile at any level
     (:func:`histogram_quantile`), when the level depends on other signals."""
-    metric = METRICS[engine][POOL_METRIC[role]]
-    sel = _sel(LATENCY_ROLE.get((engine, role), role))
-    return Query((engine, role, "latency_hist", 0.0), f"sum by ({BY}, le) (rate({metric}_bucket{sel}[{window}]))")
+    return Query((engine, role, "latency_hist", 0.0), _latency_buckets(engine, role, window))
 
 
 def histogram_quantile(q: float, buckets) -> float | None:

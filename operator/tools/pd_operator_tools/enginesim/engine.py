@@ -55,6 +55,8 @@ class Sink:
     """Receives observations (seconds / counts).  The default keeps nothing."""
 
     def ttft(self, v: float) -> None: ...
+    def ttft_batched(self, v: float) -> None:  # a request not streamed (SGLang labels it apart)
+        self.ttft(v)
     def itl(self, v: float) -> None: ...
     def e2e(self, v: float) -> None: ...
     def queue(self, v: float) -> None: ...
@@ -82,6 +84,10 @@ class SimRequest:
     # when the server took the request, if before the engine did (SGLang measures TTFT and e2e from
     # its tokenizer's receipt: a PD decode pod's include the wait for the prefill); None: ``arrival``
     received: Optional[float] = None
+    # the client streams; the token whose time the TTFT observes (SGLang's decode worker, for a
+    # request not streamed: its first batched output)
+    stream: bool = True
+    ttft_token: int = 1
     # state
     arrival: float = 0.0
     admitted: Optional[float] = None
@@ -267,11 +273,16 @@ class Engine:
         self.sink.generation_tokens(1)
         if r.first_token is None:
             r.first_token = now
-            self.sink.ttft(now - (r.received if r.received is not None else r.arrival))
         else:
             itl = now - r.last_token
             r.itls.append(itl)
             self.sink.itl(itl)
+        if r.generated == min(r.ttft_token, r.max_tokens):
+            ttft = now - (r.received if r.received is not None else r.arrival)
+            if r.stream:
+                self.sink.ttft(ttft)
+            else:
+                self.sink.ttft_batched(ttft)
         r.last_token = now
         if r.on_token:
             r.on_token(r, now)

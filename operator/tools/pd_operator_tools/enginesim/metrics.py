@@ -89,6 +89,7 @@ class PromSink(Sink):
             lv = (served_name, "0")
             p = "vllm:"
             self._ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token", names, registry=r, buckets=TTFT_BUCKETS).labels(*lv)
+            self._ttft_family = None
             self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
             self._tpot = Histogram(p + "request_time_per_output_token_seconds", "Time per output token", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
@@ -139,11 +140,13 @@ class PromSink(Sink):
             names = ["model_name", "engine_type", "tp_rank"]
             lv = (served_name, role, "0")
             p = "sglang:"
-            # a PD prefill worker never observes TTFT (managers/tokenizer_manager.py, collect_metrics),
-            # and SGLang creates the series at its first observation: none on a prefill pod
-            self._ttft = (None if role == "prefill" else
-                          Histogram(p + "time_to_first_token_seconds", "Time to first token", names, registry=r,
-                                    buckets=TTFT_BUCKETS).labels(*lv))
+            # a PD prefill worker never observes TTFT (managers/tokenizer_manager.py, collect_metrics);
+            # SGLang labels it is_streaming and creates each series at its first observation
+            # (observability/metrics_collector.py, observe_time_to_first_token): none on a prefill pod
+            self._ttft = None
+            self._ttft_family = (None if role == "prefill" else
+                                 Histogram(p + "time_to_first_token_seconds", "Time to first token",
+                                           names + ["is_streaming"], registry=r, buckets=TTFT_BUCKETS))
             self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
@@ -221,8 +224,16 @@ class PromSink(Sink):
 
     # ---- Sink --------------------------------------------------------------------
     def ttft(self, v: float) -> None:
+        self._observe_ttft(v, streamed=True)
+
+    def ttft_batched(self, v: float) -> None:
+        self._observe_ttft(v, streamed=False)
+
+    def _observe_ttft(self, v: float, streamed: bool) -> None:
         if self._ttft is not None:
             self._ttft.observe(v)
+        elif self._ttft_family is not None:
+            self._ttft_family.labels(*self._sgl_lv, "true" if streamed else "false").observe(v)
         self.samples.ttft.append(v)
 
     def itl(self, v: float) -> None:

@@ -84,6 +84,10 @@ def prompt_tokens_of(prompt: Any) -> int:
     return count_tokens(str(prompt or ""))
 
 
+# SGLang's default SGLANG_FORCE_STREAM_INTERVAL (sglang/srt/environ.py)
+SGLANG_FORCE_STREAM_INTERVAL = 50
+
+
 @dataclass
 class SimConfig:
     flavor: str  # vllm | sglang
@@ -377,6 +381,11 @@ class SimServer:
         if cfg.flavor == "sglang":
             # SGLang's latencies start at the tokenizer's receipt (req_time_stats.py, created_time)
             req.received = self.engine.clock.now()
+            req.stream = bool(body.get("stream"))
+            if cfg.role == "decode" and not req.stream:
+                # its first output is batched (output_streamer.py: every SGLANG_FORCE_STREAM_INTERVAL
+                # tokens, or the end), and only a prefill worker stamps the first token's time
+                req.ttft_token = SGLANG_FORCE_STREAM_INTERVAL
         response_kv: Optional[dict] = None
         room: Optional[int] = None
         if cfg.flavor == "vllm":

@@ -1,0 +1,49 @@
+"""The simulated SGLang reports TTFT where and as SGLang 0.5.23 does (tests/contract/FACTS.md):
+none on a PD prefill worker; on a decode worker from its receipt of the request, labelled
+is_streaming, and for a request not streamed at its first batched output."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from pd_operator_tools.enginesim.clock import VirtualClock
+from pd_operator_tools.enginesim.engine import Engine, SimRequest
+from pd_operator_tools.enginesim.metrics import PromSink
+from pd_operator_tools.enginesim.server import SGLANG_FORCE_STREAM_INTERVAL
+from tests.sim.conftest import parse_metrics
+
+
+def _ttft_series(role: str, requests) -> tuple[dict[str, float], list[SimRequest]]:
+    clock, registry = VirtualClock(), CollectorRegistry()
+    sink = PromSink("sglang", "q", role, registry=registry)
+    engine = Engine(clock, role=role, sink=sink)
+    made = []
+    for at, stream, tokens in requests:
+        req = SimRequest(2000, tokens, prefill_only=role == "prefill")
+        req.received, req.stream = 0.0, stream
+        if role == "decode" and not stream:
+            req.ttft_token = SGLANG_FORCE_STREAM_INTERVAL
+        clock.call_at(at, lambda req=req: engine.add(req))
+        made.append(req)
+    clock.run(until=600.0)
+    text = generate_latest(registry).decode()
+    return {k: v for k, v in parse_metrics(text).items() if k.startswith("sglang:time_to_first_token_seconds")}, made
+
+
+def test_a_prefill_worker_reports_no_ttft():
+    series, made = _ttft_series("prefill", [(0.0, True, 1)])
+    assert made[0].finished is not None and series == {}
+
+
+def test_a_decode_worker_reports_it_from_its_receipt_streamed_or_batched():
+    series, (streamed, batched, short) = _ttft_series("decode", [(1.0, True, 200), (1.0, False, 200), (1.0, False, 10)])
+    count = {k.split("is_streaming=")[1][1:].split('"')[0]: v for k, v in series.items() if "_count" in k}
+    total = {k.split("is_streaming=")[1][1:].split('"')[0]: v for k, v in series.items() if "_sum" in k}
+    assert count == {"true": 1.0, "false": 2.0}
+    # streamed: its first token, counted from the receipt (the 1 s before the engine took it included)
+    assert total["true"] == pytest.approx(streamed.first_token - 0.0) and streamed.first_token > 1.0
+    # not streamed: its 50th token, or its end when it has fewer
+    fiftieth = batched.first_token + sum(batched.itls[:SGLANG_FORCE_STREAM_INTERVAL - 1])
+    assert total["false"] == pytest.approx(fiftieth - 0.0 + short.finished - 0.0)
+    assert fiftieth > batched.first_token
