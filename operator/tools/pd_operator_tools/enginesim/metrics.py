@@ -98,7 +98,8 @@ class PromSink(Sink):
             self._decode = Histogram(p + "request_decode_time_seconds", "Decode phase", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._req_prompt = Histogram(p + "request_prompt_tokens", "Prompt tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
             self._req_gen = Histogram(p + "request_generation_tokens", "Generated tokens per request", names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
-            # no prefix cache in the sim: every prompt token is computed
+            # no prefix cache in the sim: a prefill pod computes every prompt token, a decode pod
+            # none (its KV is pulled: finished() observes 0 there)
             self._req_computed = Histogram(p + "request_prefill_kv_computed_tokens", "New KV tokens computed during prefill",
                                            names, registry=r, buckets=TOK_BUCKETS).labels(*lv)
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
