@@ -1,8 +1,9 @@
-"""The simulated fleet's histogram_quantile against real Prometheus' on random histograms.
+"""The operator's histogram_quantile against real Prometheus' on random histograms.
 
-The autoscaling simulator reads its latency signals with its own
-``histogram_quantile`` (it has no Prometheus); it must answer what Prometheus
-answers on the same buckets. One exporter serves a few hundred seeded random
+The operator computes quantiles of histograms it read from Prometheus
+(rule 2c: the TTFT quantile of the prompts that can make it), and the
+autoscaling simulator, which has no Prometheus, reads its latency signals with
+the same function; it must answer what Prometheus answers on the same buckets. One exporter serves a few hundred seeded random
 classic histograms (label ``h``) as static cumulative bucket counts; real
 Prometheus scrapes them once and evaluates ``histogram_quantile(q, ...)`` on
 them, for a set of quantiles. Counts are integers, so both sides compute the
@@ -12,12 +13,14 @@ is decided by the rule, not by rounding.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
 import pytest
 
-from pd_operator_tools.autoscalesim.fleet import histogram_quantile
+from pd_operator.autoscale.promql import histogram_quantile
+from pd_operator_tools.autoscalesim.fleet import histogram_quantile as fleet_quantile
 from tests.conftest import prometheus_binary
 from tests.sim.conftest import query, start_prometheus
 
@@ -80,7 +83,9 @@ def test_histogram_quantile_matches_prometheus(procs, tmp_path, exporters):
         result = {int(s["metric"]["h"]): float(s["value"][1]) for s in query(url, f"histogram_quantile({q!r}, hq_bucket)")}
         assert len(result) == len(hists), q
         for h, (bounds, counts) in enumerate(hists):
-            ours = histogram_quantile(q, bounds, counts)
-            if not same(ours, result[h]):
+            cumulative = list(zip([*bounds, math.inf], itertools.accumulate(counts)))
+            ours = histogram_quantile(q, cumulative)
+            ours = math.nan if ours is None else ours
+            if not same(ours, result[h]) or not same(fleet_quantile(q, bounds, counts), result[h]):
                 wrong.append((q, bounds, counts, ours, result[h]))
     assert not wrong, f"{len(wrong)} disagreements at q={sorted({w[0] for w in wrong})} (q, bounds, counts, ours, Prometheus), first: {wrong[:5]}"

@@ -313,9 +313,13 @@ def latency_hist_query(engine: str, role: str, window: str = "1m") -> Query:
 
 
 def histogram_quantile(q: float, buckets) -> float | None:
-    """Prometheus' ``histogram_quantile`` of cumulative ``(le, count)`` pairs: linear inside
-    the bucket that holds the rank (the first starting at 0), the +Inf bucket's lower edge
-    when the rank falls in it. None without counts."""
+    """Prometheus' ``histogram_quantile`` of cumulative ``(le, count)`` pairs: the first
+    bucket whose count reaches the rank ``q x total``, empty or not; linear inside it (the
+    first starting at 0); the highest finite bound when it is +Inf. None where Prometheus
+    answers NaN: no counts, no +Inf bucket, or the rank on an empty bucket (q = 0 with the
+    first bucket empty). Checked against Prometheus on random histograms
+    (tests/sim/test_histogram_quantile.py); the autoscaling simulator reads its signals
+    with it too."""
     pts = sorted((le, c) for le, c in buckets if c == c)
     if len(pts) < 2 or pts[-1][1] <= 0 or not math.isinf(pts[-1][0]):
         return None
@@ -325,7 +329,9 @@ def histogram_quantile(q: float, buckets) -> float | None:
         if c >= rank:
             if math.isinf(le):
                 return prev_le
-            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 1.0)
+            if c <= prev_c:
+                return None  # Prometheus' 0/0
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
         prev_le, prev_c = le, c
     return prev_le
 

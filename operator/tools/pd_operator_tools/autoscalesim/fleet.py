@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..enginesim.clock import VirtualClock
+from pd_operator.autoscale.promql import histogram_quantile as prom_quantile
 from pd_operator.perfmodel.costmodel import LINKS, CostModel, Link
 from ..enginesim.engine import Engine, SimRequest, Sink
 from ..enginesim.metrics import ITL_BUCKETS, TTFT_BUCKETS
@@ -134,21 +135,11 @@ class PromHist:
 
 
 def histogram_quantile(q: float, bounds, delta: list[float]) -> float:
-    """Prometheus' histogram_quantile on per-bucket increases (non-cumulative)."""
-    total = sum(delta)
-    if total <= 0:
-        return float("nan")
-    rank, acc = q * total, 0.0
-    for i, x in enumerate(delta):
-        if acc + x >= rank:  # the first bucket whose cumulative count reaches the rank, empty or not
-            if i >= len(bounds):
-                return bounds[-1]
-            if x == 0:  # only q == 0 with the first bucket empty: Prometheus' 0/0
-                return float("nan")
-            lo = bounds[i - 1] if i > 0 else 0.0
-            return lo + (bounds[i] - lo) * (rank - acc) / x
-        acc += x
-    return bounds[-1]
+    """Prometheus' histogram_quantile on per-bucket increases (non-cumulative, +Inf last): the
+    operator's own (:func:`pd_operator.autoscale.promql.histogram_quantile`) on their
+    cumulative sums; NaN where Prometheus answers NaN."""
+    value = prom_quantile(q, list(zip([*bounds, math.inf], itertools.accumulate(delta))))
+    return math.nan if value is None else value
 
 
 class ClientStats:
