@@ -4,8 +4,10 @@ does, over TLS, so ``kubectl apply`` of a bad spec fails at once with the field.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -86,3 +88,34 @@ def test_what_the_api_server_refuses_of_the_children_is_refused_at_admission_and
     assert api.objects == {} and "apply" not in {verb for verb, _ in api.calls}
     # without the operator's client (the spec checks only), the same bad spec passes
     assert review(admission(bad))["response"]["allowed"] is True
+
+
+def _served_cert(port: int) -> bytes:
+    """The DER certificate the server presents now (no verification: only which one)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, ctx.wrap_socket(raw) as tls:
+        return tls.getpeercert(binary_form=True)
+
+
+def test_a_changed_certificate_is_served_without_a_restart(cert, tmp_path):
+    """The kubelet updates a mounted Secret in place, and a `helm template` render makes a new
+    CA (and caBundle) each time: the server must present the new pair, not the one it started with."""
+    crt, key = cert
+    server = serve("127.0.0.1", 0, str(crt), str(key), reload_seconds=0.1)
+    try:
+        port = server.server_address[1]
+        first = _served_cert(port)
+        assert first == ssl.PEM_cert_to_DER_cert(crt.read_text())
+        key.write_text("not a key")  # caught mid-update: the pair does not load, the old one stays
+        time.sleep(0.5)
+        assert _served_cert(port) == first
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=renewed",
+                        "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+        deadline = time.monotonic() + 10
+        while _served_cert(port) == first and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _served_cert(port) == ssl.PEM_cert_to_DER_cert(crt.read_text()) != first
+    finally:
+        server.shutdown()
+        server.server_close()

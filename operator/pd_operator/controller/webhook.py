@@ -19,6 +19,7 @@ import json
 import logging
 import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..api import SpecError, validate_service
@@ -98,15 +99,81 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(host: str, port: int, certfile: str, keyfile: str, kube=None) -> ThreadingHTTPServer:
-    """Serve the webhook over TLS on a daemon thread; returns the server (``.shutdown()`` stops it).
-    ``kube``: a function giving the operator's client, for the children's dry-run."""
-    server = ThreadingHTTPServer((host, port), _Handler)
-    server.kube = kube
-    server.daemon_threads = True
+CERT_RELOAD_SECONDS = 30.0
+
+
+def _tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(certfile, keyfile)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    return context
+
+
+def _read(*paths: str) -> bytes | None:
+    out = b""
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                out += f.read()
+        except OSError:
+            return None
+    return out
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """Each accepted connection is wrapped with the context in ``tls`` at that moment (the
+    handshake in the accepting thread, as a wrapped listening socket does), so a context
+    swapped in serves every connection accepted after it."""
+
+    daemon_threads = True
+    tls: ssl.SSLContext
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        try:
+            return self.tls.wrap_socket(sock, server_side=True), addr
+        except (ssl.SSLError, OSError):
+            sock.close()
+            raise
+
+
+def serve(host: str, port: int, certfile: str, keyfile: str, kube=None,
+          reload_seconds: float = CERT_RELOAD_SECONDS) -> ThreadingHTTPServer:
+    """Serve the webhook over TLS on a daemon thread; returns the server (``.shutdown()`` stops it).
+    ``kube``: a function giving the operator's client, for the children's dry-run.
+
+    The certificate and key are read again every ``reload_seconds`` and, when they changed,
+    served from the next connection on: the kubelet updates a mounted Secret in place, and
+    the chart's certificate changes under a running pod whenever the chart is rendered
+    without access to the cluster (``helm template``, GitOps: ``lookup`` finds no Secret,
+    so a new CA goes into the webhook configuration's caBundle). Serving the old one until
+    a restart would have the API server refuse the handshake, and with failurePolicy Ignore
+    admission would stop checking without a word. A pair that does not load (the key and
+    certificate caught mid-update) keeps the one served and is tried again."""
+    server = _TLSServer((host, port), _Handler)
+    server.kube = kube
+    server.tls = _tls_context(certfile, keyfile)
     threading.Thread(target=server.serve_forever, name="webhook", daemon=True).start()
+    if reload_seconds > 0:
+        threading.Thread(target=_reload_loop, args=(server, certfile, keyfile, reload_seconds),
+                         name="webhook-cert", daemon=True).start()
     return server
+
+
+def _reload_loop(server: ThreadingHTTPServer, certfile: str, keyfile: str, every: float) -> None:
+    loaded = _read(certfile, keyfile)
+    while True:
+        time.sleep(every)
+        if server.socket.fileno() < 0:
+            return  # server_close()
+        now = _read(certfile, keyfile)
+        if now is None or now == loaded:
+            continue
+        try:
+            server.tls = _tls_context(certfile, keyfile)
+        except (ssl.SSLError, OSError) as err:
+            log.warning("webhook: the changed certificate %s does not load (%s); still serving the one before",
+                        certfile, err)
+            continue
+        loaded = now
+        log.info("webhook: serving the changed certificate %s", certfile)
