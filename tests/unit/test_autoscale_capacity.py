@@ -155,3 +155,19 @@ def test_wide_ep_layouts_count_each_engine_once():
     cost, ranks = pool_cost_model(shape_for(vl.spec.model.name), "vllm", pool)
     assert ranks == pool.data_parallel_size and cost.tp == pool.tensor_parallel_size
     assert cost.ep == pool.tensor_parallel_size * pool.data_parallel_size
+
+
+def test_an_output_spread_read_below_the_mean_is_taken_at_the_mean():
+    """E[OSL^2] / E[OSL] >= E[OSL]. SGLang's default output-length buckets start at
+    (0, 100] (metrics_collector.py, default_bucket_prompt_tokens): outputs of 80 tokens
+    all read as the bucket's geometric middle, 10, a length bias below the mean that
+    would put the running context short of what it is."""
+    from pd_operator.autoscale.capacity import length_bias
+
+    sglang_buckets = [(100.0, 50.0), (300.0, 50.0), (500.0, 50.0), (float("inf"), 50.0)]
+    bias = length_bias(sglang_buckets)
+    assert bias == pytest.approx(10.0)                                 # what the buckets say
+    osl = 80.0
+    long_isl = 30000.0
+    read = estimate_capacity(svc(), "decode", long_isl, osl, osl_bias=bias)
+    assert read == estimate_capacity(svc(), "decode", long_isl, osl, osl_bias=osl)     # at the mean instead

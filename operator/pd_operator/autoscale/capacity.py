@@ -196,8 +196,11 @@ def _context(mean_isl: float, mean_osl: float, osl_bias: float | None) -> float:
     """The mean context of a running decode: from the observed spread of output lengths
     (``osl_bias``, :func:`length_bias`) when Prometheus has it; else the spread of an
     exponential distribution (E[OSL^2]/E[OSL] = 2 mean), wider than typical chat traffic,
-    so an unknown spread errs towards more decode capacity, not less."""
-    return decode_mean_context(mean_isl, mean_osl, osl_bias=osl_bias if osl_bias else 2 * mean_osl)
+    so an unknown spread errs towards more decode capacity, not less. ``osl_bias`` is at
+    least the mean (E[X^2] >= E[X]^2): coarse buckets can read less, e.g. SGLang's default
+    output-length buckets start at (0, 100], whose geometric middle, 10, stands for every
+    output shorter than 100 tokens."""
+    return decode_mean_context(mean_isl, mean_osl, osl_bias=max(osl_bias, mean_osl) if osl_bias else 2 * mean_osl)
 
 
 def pool_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
