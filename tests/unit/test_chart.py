@@ -259,7 +259,10 @@ def test_rbac_is_least_privilege(sets):
     secret_reads = "rbac.secretReads=true" in sets
     for role, rule in _rules(docs):
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule.get("apiGroups", []), role
-        assert not {"escalate", "bind", "impersonate", "deletecollection", "update"} & set(rule["verbs"]), rule
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"]), rule
+        # update only where OwnerReferencesPermissionEnforcement asks for it: the owner's finalizers
+        assert "update" not in rule["verbs"] or (rule["resources"] == ["pdinferenceservices/finalizers"]
+                                                 and rule["verbs"] == ["update"]), rule
         if "secrets" in rule["resources"]:
             assert secret_reads and rule["verbs"] == ["get"] and rule["resources"] == ["secrets"]
         if rule["resources"] == ["pods"]:
@@ -379,6 +382,16 @@ def test_rbac_covers_what_the_operator_touches():
     assert "patch" in granted[("pdserving.io", "pdinferenceservices/status")]
     assert granted[("", "events")] == {"create", "list"}
     assert {"get", "list", "watch"} <= granted[("", "pods")]
+    # children own-referenced with blockOwnerDeletion need update on the owner's finalizers
+    # where the OwnerReferencesPermissionEnforcement admission plugin runs (OpenShift)
+    from pd_operator.api import validate_service
+    from pd_operator.render import render
+    from tests.conftest import minimal
+
+    owner = {"apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService", "name": "x", "uid": "u"}
+    refs = [r for o in render(validate_service(minimal("vllm")), owner) for r in o["metadata"]["ownerReferences"]]
+    assert refs and any(r.get("blockOwnerDeletion") for r in refs)
+    assert "update" in granted[("pdserving.io", "pdinferenceservices/finalizers")]
 
 
 @needs_helm
@@ -392,6 +405,11 @@ def test_monitoring_objects_use_real_metric_names():
                    "pd_operator_service_ready", "pdserving_pool_max_replicas"):
         assert metric in text, metric
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    # the operator's own series come from the chart's ServiceMonitor: without it the alerts on
+    # them would fire forever (up of its job absent) or never (pd_operator_service_ready absent)
+    (alone,) = by_kind(template("prometheusRule.enabled=true"), "PrometheusRule")
+    assert alerts - {r["alert"] for g in alone["spec"]["groups"] for r in g["rules"] if "alert" in r} == {
+        "PDServiceEngineMetricsMissing", "PDOperatorMetricsMissing"}
     assert alerts == {"PDServiceTTFTOverTarget", "PDServiceITLOverTarget", "PDServicePoolAtMaxReplicas",
                       "PDServiceEngineMetricsMissing", "PDOperatorMetricsMissing",
                       # the Serving condition's reasons (autoscale/diagnose.py), one alert each

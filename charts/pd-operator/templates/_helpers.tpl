@@ -47,6 +47,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [pdserving.io]
   resources: [pdinferenceservices/status]
   verbs: [get, patch]
+# Owner references with blockOwnerDeletion (render: every child's): the
+# OwnerReferencesPermissionEnforcement admission plugin (OpenShift enables it)
+# refuses them unless the writer may update the owner's finalizers.
+- apiGroups: [pdserving.io]
+  resources: [pdinferenceservices/finalizers]
+  verbs: [update]
 # Events on the services (Created, InvalidSpec, ...); list: the StatefulSet
 # controller reports a pod create the API server refused (Pod Security, quota)
 # only as a FailedCreate event, which status repeats with the fix.
