@@ -148,6 +148,12 @@ PODS = {
                                            'sglang:num_queue_reqs{pp_rank="1"}': 3.0,
                                            'sglang:num_running_reqs{pp_rank="1"}': 12.0,
                                            'sglang:num_decode_prealloc_queue_reqs{pp_rank="1"}': 4.0})],
+    # one decode pod of two data-parallel vLLM engines, each its own series (label engine)
+    ("team-a", "dp", "decode"): [lambda scrape, elapsed: {
+        **{k: v for k, v in pod("vllm", itl={INF: 0})(scrape, elapsed).items()
+           if not k.startswith(("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"))},
+        'vllm:num_requests_waiting{engine="0"}': 2.0, 'vllm:num_requests_waiting{engine="1"}': 4.0,
+        'vllm:kv_cache_usage_perc{engine="0"}': 0.2, 'vllm:kv_cache_usage_perc{engine="1"}': 0.4}],
 }
 
 
@@ -227,11 +233,18 @@ def test_vllm_decode(prom):
     assert busy.mean_isl == approx(6000 / 6)     # ISL from the prefill pods, not the decode pod's 9999/s
     # queueDepth: vLLM's waiting gauge as documented, (1 + 7) / 2 pods
     assert (busy.queue, busy.kv_usage) == (approx(4), approx((0.5 + 0.0) / 2))
-    assert set(obs) == {("team-a", "busy")}
+    assert set(obs) == {("team-a", "busy"), ("team-a", "dp")}
     # waiting for a slot: capacity, plus the pulled ones waiting for a seat where the pod has
     # the fetch stages; not the pulls in flight: 0 + (4 + 2); the least pod's: 0
     assert (busy.waiting_total, busy.waiting_min, busy.running_total) == (approx(6), 0.0, approx(15))
     assert busy.backlog_now is None and busy.backlog_growth is None  # prefill pools only
+
+
+def test_a_replica_of_data_parallel_engines_is_one_replica(prom):
+    """queueDepth is waiting requests per replica: a pod's engines summed (2 + 4), not
+    averaged as if each engine were a replica; its KV-cache usage is their mean."""
+    dp = prom.pool("vllm", "decode", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "dp")]
+    assert (dp.queue, dp.kv_usage) == (approx(6), approx(0.3))
 
 
 def test_without_secondaries_they_are_not_read(prom):

@@ -8,6 +8,7 @@ CI does); they skip only when that binary is absent.
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 from pathlib import Path
@@ -453,7 +454,7 @@ def test_promql_parses(tmp_path):
     (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "pd-operator-dashboard"]
     dash = json.loads(cm["data"]["pd-operator.json"])
     subst = {"$namespace": "default", "$service": ".*", "$__rate_interval": "1m", "$ttft_target": "1.0",
-             "$itl_target": "0.05"}
+             "$itl_target": "0.05", "$sglang_itl_target": "0.04"}
     queries = []
     for panel in dash["panels"]:
         for target in panel["targets"]:
@@ -465,6 +466,33 @@ def test_promql_parses(tmp_path):
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"] + [{"name": "dashboard", "rules": queries}]}))
     r = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# The engines' default latency buckets (the dashboard's targets select one with le=~):
+# vllm/v1/metrics/buckets.py (TIME_TO_FIRST_TOKEN_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS) and
+# sglang/srt/observability/metrics_collector.py (TokenizerMetricsCollector's defaults).
+ENGINE_BUCKETS = {
+    ("vllm", "ttft"): (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                       20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    ("vllm", "itl"): (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                      40.0, 80.0),
+    ("sglang", "ttft"): (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400),
+    ("sglang", "itl"): (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                        0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000),
+}
+
+
+def test_the_dashboards_targets_are_bucket_bounds_of_each_engine():
+    """A target that is not a bound of the engine's buckets matches no `le` series and the
+    panels that read it stay empty (SGLang's ITL buckets have 0.04 and 0.06, no 0.05)."""
+    dash = json.loads((CHART / "dashboards" / "pd-operator.json").read_text())
+    default = {v["name"]: float(v["query"]) for v in dash["templating"]["list"] if v.get("type") == "textbox"}
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for (engine, metric), bounds in ENGINE_BUCKETS.items():
+        var = {"ttft": "ttft_target", "itl": "itl_target" if engine == "vllm" else "sglang_itl_target"}[metric]
+        assert default[var] in bounds, (engine, metric, default[var])
+        name = {"ttft": "time_to_first_token_seconds", "itl": "inter_token_latency_seconds"}[metric]
+        assert re.search(rf'{engine}:{name}_bucket\{{[^}}]*le=~\\?"\${var}\\?"', exprs), (engine, metric)
 
 
 def test_image_pins_every_runtime_dependency():

@@ -37,6 +37,17 @@ def test_a_managed_flag_and_an_unknown_router_flag_are_refused():
         assert out["response"]["allowed"] is False and where in out["response"]["status"]["message"], out
 
 
+def test_a_flag_that_would_multiply_the_engines_metrics_is_refused_with_why():
+    """SGLang's --enable-metrics-for-all-schedulers has every TP rank export its group's
+    requests and tokens again (observability/metrics_collector.py, init_new): the sums the
+    autoscaler reads would be TP times the load. The engine has the flag; the operator refuses it."""
+    bad = minimal("sglang", decode={"extraArgs": ["--enable-metrics-for-all-schedulers"]})
+    out = review(admission(bad))["response"]
+    assert out["allowed"] is False
+    message = out["status"]["message"]
+    assert "spec.decode.extraArgs[0]" in message and "tensorParallelSize times" in message
+
+
 def test_a_valid_spec_and_a_delete_are_allowed():
     assert review(admission(minimal("vllm")))["response"] == {"uid": "abc-123", "allowed": True}
     bad = minimal("sglang", prefill={"extraArgs": ["--pd-disaggregation"]})

@@ -226,10 +226,16 @@ def cached_share_query(engine: str, window: str = "1m") -> Query:
 
 def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:
     """A secondary signal (``queueDepth``, ``kvCacheUsage``): the engine gauge
-    averaged over the window and over the pool's pods, for all services."""
+    averaged over the window and over the pool's pods, for all services. A pod with
+    data-parallel engines exports one series per engine (vLLM ``engine``, SGLang
+    ``dp_rank``): its waiting requests are their sum (the target is per replica), its
+    KV-cache usage their mean. A pod is a scrape target (``instance``)."""
     name = SECONDARY[metric][0]
     gauge, sel = METRICS[engine][name], _sel(role, METRIC_MATCHERS.get((engine, name), ""))
-    return Query((engine, role, metric, 0.0), f"avg by ({BY}) (avg_over_time({gauge}{sel}[{window}]))")
+    series = f"avg_over_time({gauge}{sel}[{window}])"
+    if metric == "queueDepth":
+        series = f"sum by ({BY}, instance) ({series})"
+    return Query((engine, role, metric, 0.0), f"avg by ({BY}) ({series})")
 
 
 def per_pod(engine: str, role: str, name: str, fn) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..api.errors import SpecError
 
 
@@ -28,12 +30,15 @@ def check_user_args(
     sources: list[tuple[str, list[str]]],
     base_argv: list[str],
     service_name: str | None,
+    refused: Mapping[str, str] | None = None,
 ) -> None:
-    """Refuse flags the operator sets itself, and flags the pinned version lacks.
+    """Refuse flags the operator sets itself, flags it cannot work with (``refused``: flag ->
+    why), and flags the pinned version lacks.
 
     ``sources``: (field path, args) pairs; ``base_argv``: the smallest valid
     command the args are appended to for the flag-set check.
     """
+    refused = refused or {}
     problems: list[tuple[str, str]] = []
     managed_dests = _dests(component, version, managed)
     for path, args in sources:
@@ -52,7 +57,9 @@ def check_user_args(
             # vLLM: --json-flag.key is a key of --json-flag; --foo_bar is --foo-bar
             name = flag.split(".", 1)[0].replace("_", "-")
             dest = _dests(component, version, (name,))
-            if name in managed or dest & managed_dests:
+            if name in refused:
+                owned.append((f"{path}[{i}]", f"{flag} is refused: {refused[name]}"))
+            elif name in managed or dest & managed_dests:
                 owned.append((f"{path}[{i}]", f"{flag} is set by the operator from the spec; use the matching field instead"))
         problems += owned
         if args and not owned:

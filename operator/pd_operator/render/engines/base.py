@@ -28,6 +28,8 @@ class EngineAdapter(ABC):
     http_port: int
     # Flags the operator renders itself; extraArgs may not set them.
     managed_flags: frozenset[str] = frozenset()
+    # flags the operator does not set but cannot work with: flag -> why (the refusal's message)
+    refused_flags: dict[str, str] = {}
 
     # The engine's flags for settings both engines have (field -> flag).
     model_len_flag: str
@@ -214,6 +216,7 @@ class EngineAdapter(ABC):
             ],
             self.flagset_argv(),
             self.svc.metadata.name,
+            self.refused_flags,
         )
 
 

@@ -55,6 +55,15 @@ class SGLangAdapter(EngineAdapter):
         }
     )
 
+    refused_flags = {
+        # every TP rank would export the same requests and tokens as its DP group's first rank
+        # (observability/metrics_collector.py: scheduler metrics by tp_rank/dp_rank), and the
+        # autoscaler, the recording rules and the dashboard sum a pod's series
+        "--enable-metrics-for-all-schedulers": "every tensor-parallel rank would then export the requests "
+        "and tokens of its group again, and the autoscaler sums a pod's series: its demand and queues "
+        "would read tensorParallelSize times what they are",
+    }
+
     model_len_flag = "--context-length"
     memory_fraction_flag = "--mem-fraction-static"
     max_seqs_flag = "--max-running-requests"
