@@ -52,7 +52,8 @@ def counter(name: str, rate: float, elapsed: float) -> dict[str, float]:
 
 
 def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished=0.0, waiting=0.0, kv=0.0,
-        running=0.0, more: dict[str, float] | None = None, hists: dict[str, dict[float, float]] | None = None):
+        running=0.0, decoded=None, more: dict[str, float] | None = None,
+        hists: dict[str, dict[float, float]] | None = None):
     """The metrics page of one engine pod: latency histograms (bucket rates),
     token counters and finished requests (per second), gauges, ``hists`` (more histograms by
     name: bucket rates) and ``more`` series as written. ``ttft=False``: no TTFT series at all
@@ -69,6 +70,13 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
         out.update(histogram(f"{engine}:e2e_request_latency_seconds", {INF: finished}, elapsed))
         out.update(counter(f"{engine}:prompt_tokens_total", prompt, elapsed))
         out.update(counter(f"{engine}:generation_tokens_total", generated, elapsed))
+        if engine == "sglang":
+            # SGLang's generation counter moves at a request's end, this one with each decode batch
+            # (``decoded``, default ``generated``), besides its prefill modes
+            for stage in ("0", "1"):  # a second pipeline stage counts the same tokens
+                out.update(counter(f'sglang:realtime_tokens_total{{mode="decode",pp_rank="{stage}"}}',
+                                   generated if decoded is None else decoded, elapsed))
+            out.update(counter('sglang:realtime_tokens_total{mode="prefill_compute"}', prompt, elapsed))
         out[f"{engine}:{waiting_gauge}"] = waiting
         out[f"{engine}:{running_gauge}"] = running
         out[f"{engine}:{kv_gauge}"] = kv
@@ -137,7 +145,7 @@ PODS = {
                                             {0.25: 0, 0.5: 3, 1.0: 1, INF: 0},
                                             'sglang:time_to_first_token_seconds|is_streaming="false"':
                                             {2.5: 0, 5.0: 6, INF: 0}},
-                                     generated=300, finished=1.5,
+                                     generated=300, finished=1.5, decoded=450,
                                      waiting=3, kv=0.9, running=12,
                                      more={'sglang:num_queue_reqs{priority="0"}': 1.0,
                                            'sglang:num_queue_reqs{priority="5"}': 2.0,
@@ -267,7 +275,9 @@ def test_sglang(prom):
     dec = prom.pool("sglang", "decode", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg")]
     # (0,0.02] 4/s, (0.02,0.04] 4/s: rank 7.92 lies in (0.02,0.04], 4 below it
     assert dec.observed == approx(0.02 + 0.02 * (0.99 * 8 - 4) / 4)
-    assert (dec.demand, dec.mean_osl, dec.mean_isl) == (approx(300), approx(300 / 1.5), approx(2000))
+    # demand: the tokens the decode batches produce (450/s, once for the pipeline stages), not
+    # the 300/s of the requests that finished; the mean OSL from the finished ones
+    assert (dec.demand, dec.mean_osl, dec.mean_isl) == (approx(450), approx(300 / 1.5), approx(2000))
     assert (dec.queue, dec.kv_usage) == (approx(3), approx(0.9))  # the total, not the breakdown too
     # waiting for a slot: the waiting queue and the prealloc queue, each its total once, once
     # for the pod's pipeline stages

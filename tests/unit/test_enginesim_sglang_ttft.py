@@ -47,3 +47,26 @@ def test_a_decode_worker_reports_it_from_its_receipt_streamed_or_batched():
     fiftieth = batched.first_token + sum(batched.itls[:SGLANG_FORCE_STREAM_INTERVAL - 1])
     assert total["false"] == pytest.approx(fiftieth - 0.0 + short.finished - 0.0)
     assert fiftieth > batched.first_token
+
+
+def test_generated_tokens_count_at_the_end_and_as_the_decode_batches_run():
+    """SGLang adds a request's tokens to generation_tokens_total when it finishes
+    (observe_one_finished_request); realtime_tokens_total{mode="decode"} moves with each decode
+    batch (report_decode_stats): the autoscaler's decode demand reads the latter."""
+    clock, registry = VirtualClock(), CollectorRegistry()
+    sink = PromSink("sglang", "q", "decode", registry=registry)
+    engine = Engine(clock, role="decode", sink=sink)
+    req = SimRequest(2000, 400)
+    req.received = 0.0
+    clock.call_at(0.0, lambda: engine.add(req))
+
+    def counters() -> tuple[float, float]:
+        page = parse_metrics(generate_latest(registry).decode())
+        decoded = sum(v for k, v in page.items() if k.startswith("sglang:realtime_tokens_total") and 'mode="decode"' in k)
+        return page['sglang:generation_tokens_total{engine_type="decode",model_name="q",tp_rank="0"}'], decoded
+
+    clock.run(until=1.0)
+    assert req.finished is None and 0 < req.generated < 400
+    assert counters() == (0.0, req.generated)                    # mid-stream: only the batches' counter
+    clock.run(until=600.0)
+    assert req.finished is not None and counters() == (400.0, 400.0)

@@ -44,6 +44,8 @@ METRICS: dict[str, dict[str, str]] = {
         "kv_usage": "vllm:kv_cache_usage_perc",
         "prompt_tokens": "vllm:prompt_tokens_total",
         "generation_tokens": "vllm:generation_tokens_total",
+        # generated tokens as the steps produce them (the counter above: each step's, loggers.py)
+        "decode_tokens": "vllm:generation_tokens_total",
         "e2e": "vllm:e2e_request_latency_seconds",
         # histogram of generated tokens per finished request (vllm/v1/metrics/loggers.py)
         "generation_hist": "vllm:request_generation_tokens",
@@ -63,7 +65,14 @@ METRICS: dict[str, dict[str, str]] = {
         "running": "sglang:num_running_reqs",
         "kv_usage": "sglang:token_usage",
         "prompt_tokens": "sglang:prompt_tokens_total",
+        # counted when a request finishes (observability/metrics_collector.py,
+        # observe_one_finished_request): consistent with the request count for a mean OSL, but
+        # as a rate it trails production by a request's lifetime (a stream of 1,000 tokens at
+        # 35 ms: 35 s, in one lump)
         "generation_tokens": "sglang:generation_tokens_total",
+        # generated tokens as the decode batches produce them (METRIC_MATCHERS: mode="decode";
+        # managers/scheduler_components/metrics_reporter.py, report_decode_stats)
+        "decode_tokens": "sglang:realtime_tokens_total",
         "e2e": "sglang:e2e_request_latency_seconds",
         # sglang/srt/observability/metrics_collector.py
         "generation_hist": "sglang:generation_tokens_histogram",
@@ -85,6 +94,8 @@ METRICS: dict[str, dict[str, str]] = {
 # request would count more than once.
 _SGLANG_REQUESTS = 'priority="",pp_rank=~"|0"'
 METRIC_MATCHERS = {("sglang", "prefill_time"): 'stage="prefill_forward"',
+                   # a scheduler counter: each pipeline stage counts the same tokens
+                   ("sglang", "decode_tokens"): 'mode="decode",pp_rank=~"|0"',
                    ("sglang", "waiting"): _SGLANG_REQUESTS, ("sglang", "running"): _SGLANG_REQUESTS,
                    ("sglang", "decode_prealloc"): _SGLANG_REQUESTS}
 # Requests waiting for a slot, where the plain waiting gauge counts more or less (FACTS.md):
@@ -175,9 +186,12 @@ def demand_query(engine: str, role: str, window: str = "1m") -> Query:
     """Demand for the model floor, in tokens/s: prompt tokens into prefill,
     generated tokens out of decode. (Running streams would be the wrong unit
     for decode: capped at max-num-seqs per pod, so a queue is invisible, and
-    self-referential; the benchmark in tests/benchmarks showed both.)"""
-    metric = METRICS[engine]["prompt_tokens" if role == "prefill" else "generation_tokens"]
-    return Query((engine, role, "demand", 0.0), f"sum by ({BY}) (rate({metric}{_sel(role)}[{window}]))")
+    self-referential; the benchmark in tests/benchmarks showed both.) Generated tokens as
+    the steps produce them (``decode_tokens``): SGLang's generation counter moves only when a
+    request finishes."""
+    key = "prompt_tokens" if role == "prefill" else "decode_tokens"
+    metric, sel = METRICS[engine][key], _sel(role, METRIC_MATCHERS.get((engine, key), ""))
+    return Query((engine, role, "demand", 0.0), f"sum by ({BY}) (rate({metric}{sel}[{window}]))")
 
 
 def mean_length_query(engine: str, name: str, window: str = "1m") -> Query:

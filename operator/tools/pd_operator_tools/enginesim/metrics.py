@@ -81,6 +81,7 @@ class PromSink(Sink):
         if flavor not in ("vllm", "sglang"):
             raise ValueError(flavor)
         self.flavor = flavor
+        self._realtime = None
         self.registry = registry or CollectorRegistry()
         self.samples = Samples()
         r = self.registry
@@ -163,7 +164,12 @@ class PromSink(Sink):
             self._prefill = Histogram(p + "per_stage_req_latency_seconds", "The latency of each stage of requests.",
                                       names + ["stage"], registry=r, buckets=STAGE_BUCKETS).labels(*lv, "prefill_forward")
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
+            # at a request's end (observe_one_finished_request), where the one below moves with
+            # each decode batch (metrics_reporter.report_decode_stats), a scheduler counter created
+            # at its first increment (observability/metrics_collector.py, increment_realtime_tokens)
             self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
+            self._realtime = (Counter(p + "realtime_tokens", "Total number of tokens processed", names + ["mode"],
+                                      registry=r) if role == "decode" else None)
             self._success = None
             self._g_running = Gauge(p + "num_running_reqs", "Running requests", names, registry=r).labels(*lv)
             self._g_waiting = Gauge(p + "num_queue_reqs", "Queued requests", names, registry=r).labels(*lv)
@@ -273,10 +279,15 @@ class PromSink(Sink):
             self._prompt_cached.inc(n)
 
     def generation_tokens(self, n: int) -> None:
-        self._gen.inc(n)
+        if self.flavor == "vllm":
+            self._gen.inc(n)  # each step's (IterationStats)
+        elif self._realtime is not None:
+            self._realtime.labels(*self._sgl_lv, "decode").inc(n)
         self.samples.generation_tokens += n
 
     def finished(self, req: SimRequest) -> None:
+        if self.flavor == "sglang":
+            self._gen.inc(req.generated)  # SGLang counts a request's tokens when it finishes
         if self._success is not None:
             self._success.labels(*self._lv, "length").inc()
         if self._req_prompt is not None:
