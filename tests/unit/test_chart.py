@@ -468,18 +468,13 @@ def test_promql_parses(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-# The engines' default latency buckets (the dashboard's targets select one with le=~):
-# vllm/v1/metrics/buckets.py (TIME_TO_FIRST_TOKEN_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS) and
-# sglang/srt/observability/metrics_collector.py (TokenizerMetricsCollector's defaults).
-ENGINE_BUCKETS = {
-    ("vllm", "ttft"): (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                       20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
-    ("vllm", "itl"): (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                      40.0, 80.0),
-    ("sglang", "ttft"): (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400),
-    ("sglang", "itl"): (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
-                        0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000),
-}
+# The engines' default latency buckets, as the simulated engines carry them (citing
+# vllm/v1/metrics/buckets.py and sglang/srt/observability/metrics_collector.py)
+from pd_operator_tools.enginesim import metrics as engine_metrics  # noqa: E402
+
+ENGINE_BUCKETS = {("vllm", "ttft"): engine_metrics.TTFT_BUCKETS, ("vllm", "itl"): engine_metrics.ITL_BUCKETS,
+                  ("sglang", "ttft"): engine_metrics.SGLANG_TTFT_BUCKETS,
+                  ("sglang", "itl"): engine_metrics.SGLANG_ITL_BUCKETS}
 
 
 def test_the_dashboards_targets_are_bucket_bounds_of_each_engine():

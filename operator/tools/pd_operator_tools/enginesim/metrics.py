@@ -47,10 +47,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .engine import Engine, SimRequest, Sink
 
+# vLLM's (vllm/v1/metrics/buckets.py: TIME_TO_FIRST_TOKEN_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                20.0, 40.0, 80.0)
+# SGLang's defaults (observability/metrics_collector.py, TokenizerMetricsCollector): no TTFT bound
+# below 0.1 s, ITL bounds 0.04 then 0.06 (none at 0.05)
+SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                      0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+SGLANG_E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
 # SGLang's per_stage_req_latency_seconds: exponential_buckets(start=0.001, width=1.62, length=30)
 STAGE_BUCKETS = tuple(0.001 * 1.62 ** i for i in range(30))
 LAT_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -148,9 +155,11 @@ class PromSink(Sink):
             self._ttft = None
             self._ttft_family = (None if role == "prefill" else
                                  Histogram(p + "time_to_first_token_seconds", "Time to first token",
-                                           names + ["is_streaming"], registry=r, buckets=TTFT_BUCKETS))
-            self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r, buckets=ITL_BUCKETS).labels(*lv)
-            self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
+                                           names + ["is_streaming"], registry=r, buckets=SGLANG_TTFT_BUCKETS))
+            self._itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency", names, registry=r,
+                                  buckets=SGLANG_ITL_BUCKETS).labels(*lv)
+            self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r,
+                                  buckets=SGLANG_E2E_BUCKETS).labels(*lv)
             self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._tpot = self._decode = self._req_gen = self._prompt_cached = None
             # observed by the tokenizer manager of every server, a PD prefill worker's too, at a
