@@ -23,13 +23,17 @@ def to_yaml(objs: list[dict]) -> str:
 
 
 def _load_documents(path: str) -> list | None:
-    """The YAML documents of ``path`` (``-``: stdin); None, said on stderr, when unreadable."""
+    """The YAML documents of ``path`` (``-``: stdin), the items of a list (``kubectl get -o
+    yaml`` of several objects is one ``List``) in its place; None, said on stderr, when
+    unreadable."""
     try:
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except (OSError, yaml.YAMLError) as err:
         print(f"pdctl: cannot read {path}: {err}", file=sys.stderr)
         return None
+    return [item for d in docs
+            for item in (d.get("items") or [] if isinstance(d, dict) and str(d.get("kind", "")).endswith("List") else [d])]
 
 
 def cmd_render(args: argparse.Namespace) -> int:

@@ -55,7 +55,8 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
         running=0.0, decoded=None, more: dict[str, float] | None = None,
         hists: dict[str, dict[float, float]] | None = None):
     """The metrics page of one engine pod: latency histograms (bucket rates),
-    token counters and finished requests (per second), gauges, ``hists`` (more histograms by
+    token counters and finished requests (per second; SGLang's decode batches' ``decoded``,
+    False: not exported), gauges, ``hists`` (more histograms by
     name: bucket rates) and ``more`` series as written. ``ttft=False``: no TTFT series at all
     (an SGLang PD prefill worker's)."""
     waiting_gauge, kv_gauge = {"vllm": ("num_requests_waiting", "kv_cache_usage_perc"),
@@ -70,7 +71,7 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
         out.update(histogram(f"{engine}:e2e_request_latency_seconds", {INF: finished}, elapsed))
         out.update(counter(f"{engine}:prompt_tokens_total", prompt, elapsed))
         out.update(counter(f"{engine}:generation_tokens_total", generated, elapsed))
-        if engine == "sglang":
+        if engine == "sglang" and decoded is not False:
             # SGLang's generation counter moves at a request's end, this one with each decode batch
             # (``decoded``, default ``generated``), besides its prefill modes
             for stage in ("0", "1"):  # a second pipeline stage counts the same tokens
@@ -156,6 +157,10 @@ PODS = {
                                            'sglang:num_queue_reqs{pp_rank="1"}': 3.0,
                                            'sglang:num_running_reqs{pp_rank="1"}': 12.0,
                                            'sglang:num_decode_prealloc_queue_reqs{pp_rank="1"}': 4.0})],
+    # SGLang decode replicas spanning nodes: the batches' counter covers the first node's ranks
+    # only (100/s), the finished requests' all of them (300/s); and an engine without the former
+    ("team-a", "sg-nodes", "decode"): [pod("sglang", ttft=False, generated=300, finished=1.5, decoded=100)],
+    ("team-a", "sg-old", "decode"): [pod("sglang", ttft=False, generated=300, finished=1.5, decoded=False)],
     # one decode pod of two data-parallel vLLM engines, each its own series (label engine)
     ("team-a", "dp", "decode"): [lambda scrape, elapsed: {
         **{k: v for k, v in pod("vllm", itl={INF: 0})(scrape, elapsed).items()
@@ -279,6 +284,8 @@ def test_sglang(prom):
     # the 300/s of the requests that finished; the mean OSL from the finished ones
     assert (dec.demand, dec.mean_osl, dec.mean_isl) == (approx(450), approx(300 / 1.5), approx(2000))
     assert (dec.queue, dec.kv_usage) == (approx(3), approx(0.9))  # the total, not the breakdown too
+    decs = prom.pool("sglang", "decode", 0.99, window=WINDOW)
+    assert (decs[("team-a", "sg-nodes")].demand, decs[("team-a", "sg-old")].demand) == (approx(300), approx(300))
     # waiting for a slot: the waiting queue and the prealloc queue, each its total once, once
     # for the pod's pipeline stages
     assert (dec.waiting_total, dec.waiting_min, dec.running_total) == (approx(3 + 4), approx(7), approx(12))

@@ -65,3 +65,27 @@ def test_pdctl_with_the_tools_has_every_command():
     choices = cli.build_parser()._subparsers._group_actions[0].choices
     assert set(cli.TOOL_COMMANDS) <= set(choices)
     assert choices["bench"].get_default("func").__module__ == "pd_operator_tools.loadgen"
+
+
+def test_pdctl_validate_reads_what_kubectl_get_writes(tmp_path, capsys):
+    """`kubectl get pdservices -A -o yaml` is one List of stored objects (status, managedFields,
+    resourceVersion): the check before an upgrade (charts/pd-operator/README.md) reads each item."""
+    import copy
+
+    import yaml
+
+    from tests.conftest import minimal
+
+    good = minimal("vllm")
+    good["metadata"].update({"namespace": "team-a", "resourceVersion": "12", "uid": "u-1", "generation": 3,
+                             "managedFields": [{"manager": "kubectl", "operation": "Apply"}]})
+    good["status"] = {"observedGeneration": 3}
+    bad = copy.deepcopy(good)
+    bad["metadata"]["name"] = "bad"
+    bad["spec"].setdefault("decode", {})["extraArgs"] = ["--no-such-flag"]
+    path = tmp_path / "all.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [good, bad]}))
+    assert cli.main(["validate", "-f", str(path)]) == 1
+    out = capsys.readouterr()
+    assert f"{good['metadata']['name']}: valid" in out.out
+    assert "'bad'" in out.err and "spec.decode.extraArgs" in out.err and "--no-such-flag" in out.err

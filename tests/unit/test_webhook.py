@@ -130,3 +130,19 @@ def test_a_changed_certificate_is_served_without_a_restart(cert, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_client_that_says_nothing_holds_no_other_handshake(cert):
+    """A half-open connection or a port scan must not stop admission: the handshake runs in
+    the connection's own thread, with a timeout."""
+    crt, key = cert
+    server = serve("127.0.0.1", 0, str(crt), str(key), reload_seconds=0)
+    idle = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
+    try:
+        started = time.monotonic()
+        assert _served_cert(server.server_address[1]) == ssl.PEM_cert_to_DER_cert(crt.read_text())
+        assert time.monotonic() - started < 5
+    finally:
+        idle.close()
+        server.shutdown()
+        server.server_close()

@@ -187,11 +187,19 @@ def demand_query(engine: str, role: str, window: str = "1m") -> Query:
     generated tokens out of decode. (Running streams would be the wrong unit
     for decode: capped at max-num-seqs per pod, so a queue is invisible, and
     self-referential; the benchmark in tests/benchmarks showed both.) Generated tokens as
-    the steps produce them (``decode_tokens``): SGLang's generation counter moves only when a
-    request finishes."""
+    the steps produce them (``decode_tokens``) where the engine has a counter of its own for
+    that: SGLang's generation counter moves only when a request finishes. There the larger of
+    the two: each misses tokens the other counts. The batches' counter is a scheduler's, and
+    of a replica that spans nodes only the first node is scraped (it alone serves HTTP), so
+    with attention data parallelism over nodes it misses the other nodes' ranks; the
+    finished requests' counter is the tokenizer's, which sees every request, late."""
     key = "prompt_tokens" if role == "prefill" else "decode_tokens"
     metric, sel = METRICS[engine][key], _sel(role, METRIC_MATCHERS.get((engine, key), ""))
-    return Query((engine, role, "demand", 0.0), f"sum by ({BY}) (rate({metric}{sel}[{window}]))")
+    produced = f"sum by ({BY}) (rate({metric}{sel}[{window}]))"
+    if role == "decode" and metric != METRICS[engine]["generation_tokens"]:
+        finished = f"sum by ({BY}) (rate({METRICS[engine]['generation_tokens']}{_sel(role)}[{window}]))"
+        return Query((engine, role, "demand", 0.0), f"{finished} > {produced} or {produced} or {finished}")
+    return Query((engine, role, "demand", 0.0), produced)
 
 
 def mean_length_query(engine: str, name: str, window: str = "1m") -> Query:
@@ -243,12 +251,15 @@ def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> 
     averaged over the window and over the pool's pods, for all services. A pod with
     data-parallel engines exports one series per engine (vLLM ``engine``, SGLang
     ``dp_rank``): its waiting requests are their sum (the target is per replica), its
-    KV-cache usage their mean. A pod is a scrape target (``instance``)."""
+    KV-cache usage their mean. A pod is a scrape target (``instance``, and ``pod`` where the
+    scrape sets it: a pod IP reused within the window is another pod); a pod scraped by two
+    jobs (the annotations invite a generic one) counts twice in the average, with the same
+    value each time, which leaves it as it is."""
     name = SECONDARY[metric][0]
     gauge, sel = METRICS[engine][name], _sel(role, METRIC_MATCHERS.get((engine, name), ""))
     series = f"avg_over_time({gauge}{sel}[{window}])"
     if metric == "queueDepth":
-        series = f"sum by ({BY}, instance) ({series})"
+        series = f"sum by ({BY}, job, instance, pod) ({series})"
     return Query((engine, role, metric, 0.0), f"avg by ({BY}) ({series})")
 
 

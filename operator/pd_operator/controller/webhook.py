@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -120,10 +121,15 @@ def _read(*paths: str) -> bytes | None:
     return out
 
 
+HANDSHAKE_TIMEOUT_SECONDS = 10.0
+
+
 class _TLSServer(ThreadingHTTPServer):
-    """Each accepted connection is wrapped with the context in ``tls`` at that moment (the
-    handshake in the accepting thread, as a wrapped listening socket does), so a context
-    swapped in serves every connection accepted after it."""
+    """Each accepted connection is wrapped with the context in ``tls`` at that moment, so a
+    context swapped in serves every connection accepted after it. The handshake runs in the
+    connection's own thread, with a timeout: in the accepting thread, one client that
+    connects and says nothing (a half-open connection, a port scan) would hold every other
+    handshake, and with failurePolicy Ignore admission would stop checking without a word."""
 
     daemon_threads = True
     tls: ssl.SSLContext
@@ -131,10 +137,22 @@ class _TLSServer(ThreadingHTTPServer):
     def get_request(self):
         sock, addr = self.socket.accept()
         try:
-            return self.tls.wrap_socket(sock, server_side=True), addr
+            return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
         except (ssl.SSLError, OSError):
             sock.close()
             raise
+
+    def finish_request(self, request, client_address):
+        request.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
+        request.do_handshake()
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request, client_address):
+        err = sys.exc_info()[1]
+        if isinstance(err, (ssl.SSLError, OSError)):  # a client that left, timed out or spoke no TLS
+            log.debug("webhook: connection from %s dropped: %s", client_address, err)
+            return
+        super().handle_error(request, client_address)
 
 
 def serve(host: str, port: int, certfile: str, keyfile: str, kube=None,
@@ -152,16 +170,17 @@ def serve(host: str, port: int, certfile: str, keyfile: str, kube=None,
     certificate caught mid-update) keeps the one served and is tried again."""
     server = _TLSServer((host, port), _Handler)
     server.kube = kube
+    loaded = _read(certfile, keyfile)  # before the load: a change in between is seen next round
     server.tls = _tls_context(certfile, keyfile)
     threading.Thread(target=server.serve_forever, name="webhook", daemon=True).start()
     if reload_seconds > 0:
-        threading.Thread(target=_reload_loop, args=(server, certfile, keyfile, reload_seconds),
+        threading.Thread(target=_reload_loop, args=(server, certfile, keyfile, reload_seconds, loaded),
                          name="webhook-cert", daemon=True).start()
     return server
 
 
-def _reload_loop(server: ThreadingHTTPServer, certfile: str, keyfile: str, every: float) -> None:
-    loaded = _read(certfile, keyfile)
+def _reload_loop(server: ThreadingHTTPServer, certfile: str, keyfile: str, every: float,
+                 loaded: bytes | None) -> None:
     while True:
         time.sleep(every)
         if server.socket.fileno() < 0:
