@@ -70,3 +70,31 @@ def test_generated_tokens_count_at_the_end_and_as_the_decode_batches_run():
     assert counters() == (0.0, req.generated)                    # mid-stream: only the batches' counter
     clock.run(until=600.0)
     assert req.finished is not None and counters() == (400.0, 400.0)
+
+
+def test_a_request_not_streamed_observes_its_itls_per_batched_output():
+    """SGLang observes ITL per output (collect_metrics): an output of n tokens after the first
+    output is n observations of its interval / n. A request not streamed has an output every
+    50 tokens, so its ITLs are 50-token averages (a slow step is smoothed) and the tokens of its
+    first output, which stamps the TTFT, observe none. A streamed one observes every token."""
+    def run(stream: bool):
+        clock, registry = VirtualClock(), CollectorRegistry()
+        sink = PromSink("sglang", "q", "decode", registry=registry)
+        engine = Engine(clock, role="decode", sink=sink)
+        req = SimRequest(2000, 120)
+        req.received, req.stream = 0.0, stream
+        if not stream:
+            req.ttft_token = SGLANG_FORCE_STREAM_INTERVAL
+        clock.call_at(0.0, lambda: engine.add(req))
+        clock.run(until=600.0)
+        assert req.finished is not None
+        return req, list(sink.samples.itl)
+
+    streamed, seen = run(True)
+    assert seen == streamed.itls and len(seen) == 119
+    batched, seen = run(False)
+    # tokens 51..120 as two outputs, at the 100th (50 tokens) and the end (20)
+    first = sum(batched.itls[49:99]) / 50
+    second = sum(batched.itls[99:]) / 20
+    assert seen == pytest.approx([first] * 50 + [second] * 20)
+    assert sum(seen) == pytest.approx(batched.finished - batched.first_token - sum(batched.itls[:49]))

@@ -88,6 +88,9 @@ class SimRequest:
     # request not streamed: its first batched output)
     stream: bool = True
     ttft_token: int = 1
+    # the last batched output (time, tokens so far), where outputs are batched (ttft_token > 1)
+    chunk_at: Optional[float] = None
+    chunk_tokens: int = 0
     # state
     arrival: float = 0.0
     admitted: Optional[float] = None
@@ -271,22 +274,33 @@ class Engine:
     def _token(self, r: SimRequest, now: float) -> None:
         r.generated += 1
         self.sink.generation_tokens(1)
+        last = r.generated >= r.max_tokens or r.prefill_only
         if r.first_token is None:
             r.first_token = now
         else:
             itl = now - r.last_token
             r.itls.append(itl)
-            self.sink.itl(itl)
+            if r.ttft_token <= 1:
+                self.sink.itl(itl)
+            elif r.chunk_at is not None and (r.generated % r.ttft_token == 0 or last):
+                # outputs batched every ttft_token tokens (SGLang, a request not streamed): each
+                # output after the first observes its interval over its tokens, that many times
+                # (managers/tokenizer_manager.py collect_metrics, observe_inter_token_latency)
+                n = r.generated - r.chunk_tokens
+                for _ in range(n):
+                    self.sink.itl((now - r.chunk_at) / n)
+                r.chunk_at, r.chunk_tokens = now, r.generated
         if r.generated == min(r.ttft_token, r.max_tokens):
             ttft = now - (r.received if r.received is not None else r.arrival)
             if r.stream:
                 self.sink.ttft(ttft)
             else:
                 self.sink.ttft_batched(ttft)
+            r.chunk_at, r.chunk_tokens = now, r.generated
         r.last_token = now
         if r.on_token:
             r.on_token(r, now)
-        if r.generated >= r.max_tokens or r.prefill_only:
+        if last:
             self._finish(r, now)
 
     def _finish(self, r: SimRequest, now: float) -> None:
