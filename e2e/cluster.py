@@ -263,6 +263,13 @@ def _kwokctl_config(name: str = DEFAULT_NAME) -> str:
         "  extraArgs:",
         "  - key: service-cluster-ip-range",
         f"    value: {SERVICE_CIDR}",
+        # On top of the default plugins (the flag adds to them), the one that
+        # OpenShift and hardened clusters run and kube-apiserver leaves off:
+        # an ownerReference with blockOwnerDeletion is refused unless its
+        # writer may update the owner's finalizers (plugin/pkg/admission/gc).
+        # The chart's RBAC is tested against it by every install test.
+        "  - key: enable-admission-plugins",
+        "    value: OwnerReferencesPermissionEnforcement",
         # Single instances that we supervise: no leader election. With it, a
         # warm start stalls ~15 s until the lease of the previous (killed)
         # process expires, and no controller runs meanwhile.
