@@ -306,6 +306,43 @@ def test_a_delayed_add_waits_and_an_earlier_request_wins():
     assert q.run_once() == "a"
 
 
+def test_a_run_that_asks_to_be_looked_at_later_is_not_repeated_at_once():
+    """A reconcile that queues its own key with a delay (a Secret not there yet: look
+    again in 10 s) while it runs: the key runs again after the delay, not at once (it
+    used to run again at once, 210 reconciles and Secret reads a second)."""
+    clock = Clock()
+    seen = []
+    q: WorkQueue
+
+    def process(key):
+        seen.append(clock())
+        q.add(key, delay=10)
+
+    q = WorkQueue(process, clock=clock)
+    q.add("a")
+    assert q.run_once() == "a"
+    assert q.run_once() is None and q.due_in("a") == 10
+    clock.t += 10
+    assert q.run_once() == "a" and seen == [1000.0, 1010.0]
+
+
+def test_an_edit_during_a_failing_run_does_not_wait_out_the_backoff():
+    clock = Clock()
+    q: WorkQueue
+
+    def process(key):
+        if clock() == 1000.0:
+            q.add(key)  # the user's fix arrives while the run that fails is in progress
+            raise RuntimeError("refused")
+
+    q = WorkQueue(process, clock=clock, backoff=(30,))
+    q.add("a")
+    q.run_once()
+    assert q.failures("a") == 1 and q.due_in("a") == 0
+    clock.t += 0.1
+    assert q.run_once() == "a" and q.failures("a") == 0
+
+
 def test_failures_back_off_per_key_and_a_success_resets():
     clock = Clock()
     fail = {"a": 3}

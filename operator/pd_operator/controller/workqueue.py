@@ -1,7 +1,10 @@
 """One keyed work queue for all reconciles.
 
 - coalescing: a key is queued at most once; a key added while it is being
-  processed runs once more afterwards (it reads the newest state then);
+  processed runs once more afterwards (it reads the newest state then), no
+  earlier than the delay it was added with (a run that asks to be looked at
+  again in 10 s is not repeated at once), and after a failure no later than
+  that (an edit that may fix the failure does not wait out the backoff);
 - delays: ``add(key, delay)`` runs the key no earlier than that (a burst of
   pod events within the delay collapses into one run), and never later than
   an earlier request for it asked;
@@ -36,17 +39,18 @@ class WorkQueue:
         self._heap: list[tuple[float, int, Hashable]] = []
         self._seq = itertools.count()
         self._running: set[Hashable] = set()
-        self._dirty: set[Hashable] = set()            # added while running
+        self._dirty: dict[Hashable, float] = {}       # added while running -> earliest due asked
         self._failures: dict[Hashable, int] = {}
         self._stopped = False
 
     # -- producers -----------------------------------------------------------------
     def add(self, key: Hashable, delay: float = 0.0) -> None:
         with self._cond:
+            due = self.clock() + delay
             if key in self._running:
-                self._dirty.add(key)
+                self._dirty[key] = min(due, self._dirty.get(key, due))
                 return
-            self._push(key, self.clock() + delay)
+            self._push(key, due)
 
     def _push(self, key: Hashable, due: float) -> None:
         if key in self._due and self._due[key] <= due:
@@ -59,7 +63,7 @@ class WorkQueue:
         """Drop everything kept for ``key`` (a run in progress finishes, and is not repeated)."""
         with self._cond:
             self._due.pop(key, None)
-            self._dirty.discard(key)
+            self._dirty.pop(key, None)
             self._failures.pop(key, None)
 
     # -- introspection (tests, metrics) ------------------------------------------------
@@ -70,7 +74,7 @@ class WorkQueue:
     def state_size(self) -> int:
         """Keys remembered for any reason (queued, dirty, backing off)."""
         with self._cond:
-            return len(set(self._due) | self._dirty | set(self._failures))
+            return len(set(self._due) | set(self._dirty) | set(self._failures))
 
     def failures(self, key: Hashable) -> int:
         with self._cond:
@@ -110,16 +114,16 @@ class WorkQueue:
     def _done(self, key: Hashable, ok: bool) -> None:
         with self._cond:
             self._running.discard(key)
-            dirty = key in self._dirty
-            self._dirty.discard(key)
+            dirty = self._dirty.pop(key, None)
             if ok:
                 self._failures.pop(key, None)
-                if dirty:
-                    self._push(key, self.clock())
+                if dirty is not None:
+                    self._push(key, dirty)
                 return
             n = self._failures.get(key, 0) + 1
             self._failures[key] = n
-            self._push(key, self.clock() + self.backoff[min(n, len(self.backoff)) - 1])
+            retry = self.clock() + self.backoff[min(n, len(self.backoff)) - 1]
+            self._push(key, retry if dirty is None else min(retry, dirty))
 
     def run_once(self) -> Hashable | None:
         """Process one due key on this thread (None: nothing due)."""
