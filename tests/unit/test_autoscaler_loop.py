@@ -18,6 +18,7 @@ class FakeKube:
         self.secrets, self.forbidden, self.gpu_view = secrets or {}, forbidden, gpu_view
         self.replicas: dict[str, int] = {"svc-prefill": 1, "svc-decode": 1}
         self.status: dict = {}
+        self.services: dict = {}
 
     def get(self, kind, namespace, name):
         n = self.replicas.get(name)
@@ -27,6 +28,12 @@ class FakeKube:
 
     def cluster_gpu_view(self):
         return self.gpu_view
+
+    def get_service(self, namespace, name):
+        """The service as the cache holds it now: the one the tests' body() makes, unless a
+        test edited (or deleted: None) it."""
+        return self.services.get((namespace, name), {"metadata": {"namespace": namespace, "name": name,
+                                                                  "generation": 1}})
 
     def pods(self, namespace, selector):
         return []
@@ -303,3 +310,71 @@ def test_a_reason_longer_than_the_status_field_is_cut_not_refused(monkeypatch):
     assert kube.replicas["svc-prefill"] == 2
     why = kube.status["prefill"]["lastScaleReason"]
     assert len(why) == SCALE_REASON_MAX and why.startswith("1 -> 2: xxx") and why.endswith("...")
+
+
+def test_a_replica_that_leads_again_starts_from_status_not_from_its_old_memory():
+    """A leads while calm, B takes over and scales decode up (status records it), A leads
+    again inside the scale-down window: with its old in-memory history A scaled down at
+    once and overwrote B's record; after reset() (handlers call it when leading starts) it
+    reads status and holds."""
+    import copy
+
+    kube = FakeKube()
+    b = body()
+    b["spec"]["decode"]["autoscaling"]["behavior"] = {"scaleDown": {"stabilizationWindowSeconds": 300}}
+    clock = [1000.0]
+    calm = Signals(ttft=0.01, itl=0.001)
+    a = Autoscaler(kube, calm, lambda *a_: None, clock=lambda: clock[0])
+    a.run_once([b], force=True)  # A's term: calm, decode at 1
+    clock[0] += 30
+    other = Autoscaler(kube, Signals(ttft=3.0, itl=0.2), lambda *a_: None, clock=lambda: clock[0])
+    other.run_once([copy.deepcopy(b) | {"status": copy.deepcopy(kube.status)}], force=True)  # B's term
+    up = kube.replicas["svc-decode"]
+    assert up > 1
+    b_now = copy.deepcopy(b) | {"status": copy.deepcopy(kube.status)}
+    clock[0] += 60  # A leads again, load gone, inside B's 300 s window
+    a.reset()
+    a.run_once([b_now], force=True)
+    assert kube.replicas["svc-decode"] == up
+    assert kube.status["decode"]["autoscaler"]["recommendations"][-2][1] == up  # B's record kept
+
+
+def test_a_round_does_not_scale_a_service_edited_or_deleted_while_its_queries_ran():
+    """A round reads the services, then waits for Prometheus (up to its deadline): a
+    maxReplicas lowered meanwhile (or the service deleted) must not be scaled on the old
+    spec; the next round decides on the new one."""
+    for change in ("edited", "deleted"):
+        kube = FakeKube()
+
+        class Editing(Signals):
+            def __call__(self, *args, **kw):
+                kube.services[("ns", "svc")] = (None if change == "deleted" else
+                                                {"metadata": {"namespace": "ns", "name": "svc", "generation": 2}})
+                return super().__call__(*args, **kw)
+
+        scaler = Autoscaler(kube, Editing(ttft=3.0, itl=0.2), lambda *a: None, clock=lambda: 1000.0)
+        scaler.run_once([body()], force=True)
+        assert kube.replicas == {"svc-prefill": 1, "svc-decode": 1}, change
+        assert kube.status == {}, change
+
+
+def test_one_services_failure_does_not_stop_the_round_for_the_others():
+    kube = FakeKube()
+    kube.replicas.update({"other-prefill": 1, "other-decode": 1})
+    applied = kube.apply_replicas
+
+    def apply_replicas(kind, namespace, name, replicas):
+        if name.startswith("svc-"):
+            raise RuntimeError("422: the pool went meanwhile")
+        applied(kind, namespace, name, replicas)
+
+    kube.apply_replicas = apply_replicas
+    first, second = body(), body()
+    second["metadata"] = {**second["metadata"], "name": "other"}
+    class Both(Signals):
+        def __call__(self, *args, **kw):
+            return {**super().__call__(*args, **kw), ("ns", "other"): Observation(self.values[args[2]], None)}
+
+    scaler = Autoscaler(kube, Both(ttft=3.0, itl=0.2), lambda *a: None, clock=lambda: 1000.0)
+    scaler.run_once([first, second], force=True)  # svc's write fails first
+    assert kube.replicas["other-decode"] > 1

@@ -103,6 +103,9 @@ class Kube:
     def cluster_gpu_view(self):
         return None
 
+    def get_service(self, namespace, name):
+        return {"metadata": {"namespace": namespace, "name": name, "generation": 1}}
+
     def pods(self, namespace, selector):
         return []
 

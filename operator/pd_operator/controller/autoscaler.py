@@ -197,6 +197,15 @@ class Autoscaler:
         self.last_scale: dict[tuple[str, str, str], tuple[str, str]] = {}
         self.last_diagnosis: dict[tuple[str, str], float] = {}
 
+    def reset(self) -> None:
+        """Forget every service's memory (this replica starts leading): each term starts from
+        what status remembers, which the other replica may have written since (a replica that
+        led before would otherwise decide on its old history, and overwrite status with it)."""
+        self.histories.clear()
+        self.last_round.clear()
+        self.last_diagnosis.clear()
+        self.last_scale.clear()
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop what the loop keeps of a deleted service."""
         self.histories.pop((namespace, name), None)
@@ -326,7 +335,12 @@ class Autoscaler:
                 namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
                 self.last_round[(namespace, name)] = now
                 with LOCKS.get(namespace, name):
-                    self._service(body, svc, namespace, name, prom, auth_error, results, now, gpus)
+                    if not self._unchanged(body):
+                        continue  # edited or deleted while its queries ran: the next round decides
+                    try:
+                        self._service(body, svc, namespace, name, prom, auth_error, results, now, gpus)
+                    except Exception:  # noqa: BLE001 - one service's failure holds only that service
+                        log.exception("autoscaling %s/%s failed; it holds until the next round", namespace, name)
             pending = [i for i in pending if i not in ready]
             waiting = [futures[k] for i in pending for k in needs[i] if not futures[k].done()]
             if waiting:
@@ -334,6 +348,17 @@ class Autoscaler:
         self.queries.prune()
         if diagnosed:
             self.diagnose_services(diagnosed, now)
+
+    def _unchanged(self, body: dict) -> bool:
+        """Whether the service is still the one this round read (same object, same spec): a
+        round waits up to the query deadline for Prometheus, and a spec edited meanwhile (a
+        lower maxReplicas, autoscaling off) or a deleted service must not be scaled on the
+        old one."""
+        meta = body["metadata"]
+        now = self.kube.get_service(meta["namespace"], meta["name"])
+        return now is not None and all((now.get("metadata") or {}).get(k) == meta.get(k)
+                                       for k in ("uid", "generation")) \
+            and not (now.get("metadata") or {}).get("deletionTimestamp")
 
     def diagnose_services(self, items: list[tuple[dict, PDInferenceService]], now: float) -> None:
         """The Serving condition of each service (its own field manager), and an

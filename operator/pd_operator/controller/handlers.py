@@ -198,6 +198,8 @@ def start_loops(memo: kopf.Memo, **_) -> None:
 
             metrics.LEADER.set(1 if leading else 0)
             if leading:
+                if STATE.get("autoscaler") is not None:
+                    STATE["autoscaler"].reset()  # a new term starts from status, not an old term's memory
                 ACTIVE.set()
                 services = CACHE.select(SERVICE_KIND, None, {})
                 for body in services:  # take over: look at every service once
