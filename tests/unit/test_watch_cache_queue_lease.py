@@ -575,3 +575,59 @@ def test_the_cache_selects_a_services_objects_by_index_and_keeps_the_index_true(
     assert cache.select("Pod", NS, {"pdserving.io/service": "b"}) == []
     assert not [o for o in cache.select("Pod", None, {}) if o["metadata"]["labels"].get("pdserving.io/service") == "b"]
     assert names(cache.select("Pod", "elsewhere", {"pdserving.io/service": "a"})) == ["x"]
+
+
+def test_a_holder_whose_renewal_hangs_stops_writing_before_the_standby_may_take_over():
+    """A renews at t0; its next renewal hangs on a slow API server. A may write only until
+    t0 + 10 (renew deadline: duration - renew), before B, which saw the record change at t0,
+    may take over (t0 + 15). Lease calls are bounded by that deadline, so the hung renewal
+    fails and A steps down, judged on the clock after the call (it used to compare the
+    reading taken before the call, and kept leading for the 60 s its call could hang)."""
+    store, clock = LeaseApi(), Clock()
+    a = LeaderElector(store.client("a"), NS, identity="a", duration=15, renew=5, clock=clock)
+    b = LeaderElector(store.client("b"), NS, identity="b", duration=15, renew=5, clock=clock)
+    assert a.try_once() and not b.try_once()
+    clock.t += 5
+    t0 = clock.t
+    assert a.try_once() and not b.try_once()
+    clock.t = t0 + 9.9
+    assert a.holds()
+    clock.t = t0 + 10
+    assert not a.holds() and a.leading.is_set()  # the lease thread has not noticed yet; writes stop anyway
+    timeouts = []
+
+    class Hanging:
+        def _call(self, method, path, **kw):
+            timeouts.append(kw.get("timeout"))
+            clock.t += kw["timeout"]  # runs into its timeout
+            raise ApiException(status=504, reason="Gateway Timeout")
+
+    a.kube = Hanging()
+    assert a.try_once() is False and not a.leading.is_set()
+    assert timeouts == [10.0] and clock.t == t0 + 20
+    assert b.try_once() is True  # B takes over only now, when A has long stopped writing
+
+
+def test_writes_are_refused_while_this_replica_may_not_write():
+    from pd_operator.controller.cache import NotLeading
+
+    api, cache, _ = one_service()
+    allowed = [True]
+    kube = CachedKube(api, cache, may_write=lambda: allowed[0])
+    reconcile(kube, kube.get_service(NS, "svc"), lambda *a: None)
+    sts = next(o for (k, _, _), o in api.objects.items() if k == "StatefulSet")
+    kube.apply_replicas("StatefulSet", NS, sts["metadata"]["name"], 3)
+    allowed[0] = False
+    writes = [lambda: kube.apply(copy.deepcopy(sts)),
+              lambda: kube.apply_replicas("StatefulSet", NS, sts["metadata"]["name"], 4),
+              lambda: kube.patch_status(NS, "svc", {"conditions": []}),
+              lambda: kube.delete("StatefulSet", NS, sts["metadata"]["name"]),
+              lambda: kube.post_event(api.services[(NS, "svc")], "Normal", "Test", "x")]
+    for write in writes:
+        try:
+            write()
+        except NotLeading:
+            continue
+        raise AssertionError("a write went through while this replica may not write")
+    assert kube.apply(copy.deepcopy(sts), dry_run=True) is not None  # a dry run writes nothing
+    assert api.objects[("StatefulSet", NS, sts["metadata"]["name"])]["spec"]["replicas"] == 3

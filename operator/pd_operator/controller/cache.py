@@ -218,12 +218,26 @@ class Cache:
 SERVICE_METADATA_WATCHED = ("generation", "labels", "annotations", "uid", "deletionTimestamp")
 
 
+class NotLeading(RuntimeError):
+    """A write attempted while this replica may not write (see ``CachedKube._writing``)."""
+
+
 class CachedKube:
     """``Kube``'s interface; reads from a ``Cache``, writes through to the API server."""
 
-    def __init__(self, kube: Kube, cache: Cache, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, kube: Kube, cache: Cache, clock: Callable[[], float] = time.monotonic,
+                 may_write: Callable[[], bool] | None = None):
         self.kube, self.cache, self.clock = kube, cache, clock
+        self.may_write = may_write  # None: always (one replica, tests)
         self._secrets_ok: dict[tuple[str, str, str], float] = {}
+
+    def _writing(self, what: str) -> None:
+        """Refuse a write unless this replica may write now (it holds the leader Lease within
+        its renew deadline): a replica whose lease lapsed, or a reconcile still running when it
+        stepped down, must not write next to the new leader. The reconcile fails and is retried
+        by whoever leads then."""
+        if self.may_write is not None and not self.may_write():
+            raise NotLeading(f"{what}: this replica does not hold the leader Lease now")
 
     def __getattr__(self, name: str) -> Any:  # everything not read from the cache
         return getattr(self.kube, name)
@@ -289,12 +303,14 @@ class CachedKube:
     def apply(self, obj: dict, manager: str = FIELD_MANAGER, dry_run: bool = False) -> dict:
         if dry_run:
             return self.kube.apply(obj, manager=manager, dry_run=True)
+        self._writing(f"apply {obj['kind']}/{obj['metadata']['name']}")
         out = self.kube.apply(obj, manager=manager)
         if out:
             self.cache.put(obj["kind"], out)
         return out
 
     def apply_replicas(self, kind: str, namespace: str, name: str, replicas: int) -> dict:
+        self._writing(f"scale {kind}/{name}")
         out = self.kube.apply_replicas(kind, namespace, name, replicas)
         if out:
             self.cache.put(kind, out)
@@ -306,6 +322,7 @@ class CachedKube:
         Not when the response's metadata differs from the cached service's: an edit
         the watch has not delivered yet would then look already seen, and the
         service event handler (which compares with the cache) would not queue it."""
+        self._writing(f"status of {namespace}/{name}")
         out = self.kube.patch_status(namespace, name, status, manager=manager)
         cached = self.cache.get(SERVICE_KIND, namespace, name)
         if out and cached and all((out.get("metadata") or {}).get(k) == (cached.get("metadata") or {}).get(k)
@@ -313,7 +330,12 @@ class CachedKube:
             self.cache.put(SERVICE_KIND, out)
         return out
 
+    def post_event(self, body: dict, type_: str, reason: str, message: str) -> None:
+        self._writing(f"event {reason}")
+        self.kube.post_event(body, type_, reason, message)
+
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        self._writing(f"delete {kind}/{name}")
         self.kube.delete(kind, namespace, name)
         self.cache.remove(kind, namespace, name)
 

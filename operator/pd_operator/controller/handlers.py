@@ -49,9 +49,16 @@ ACTIVE = threading.Event()
 ACTIVE.set()
 
 
+def may_write() -> bool:
+    """This replica writes only while it is the active one and, with leader election, within
+    its Lease's renew deadline (``LeaderElector.holds``): checked before every write."""
+    elector = STATE.get("elector")
+    return ACTIVE.is_set() and (elector is None or elector.holds())
+
+
 def kube() -> CachedKube:
     if STATE["kube"] is None:
-        STATE["kube"] = CachedKube(Kube(), CACHE)
+        STATE["kube"] = CachedKube(Kube(), CACHE, may_write=may_write)
     return STATE["kube"]
 
 
@@ -223,14 +230,22 @@ def start_loops(memo: kopf.Memo, **_) -> None:
                      kwargs={"active": ACTIVE}, name="autoscaler", daemon=True).start()
 
 
+# How long a clean shutdown waits for the reconciles in progress before it gives the Lease up.
+SHUTDOWN_DRAIN_SECONDS = 10.0
+
+
 @kopf.on.cleanup()
 def stop_loops(memo: kopf.Memo, **_) -> None:
+    """Stop writing first, let the reconciles in progress end, then give the Lease up: the
+    standby takes over at once, and no write of this replica lands after it started."""
     if "resync_stop" in memo:
         memo["resync_stop"].set()
+    ACTIVE.clear()
+    QUEUE.stop()
+    QUEUE.wait_idle(SHUTDOWN_DRAIN_SECONDS)
     elector = STATE.get("elector")
     if elector is not None:
         elector.release()
-    QUEUE.stop()
 
 
 CHILDREN = {LABEL_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE: kopf.PRESENT}

@@ -61,7 +61,8 @@ class Kube:
         self.api = api_client or client.ApiClient()
 
     # -- raw calls ---------------------------------------------------------------
-    def _call(self, method: str, path: str, body: Any = None, query: list | None = None, content_type: str | None = None) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, query: list | None = None, content_type: str | None = None,
+              timeout: float = 60) -> Any:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
@@ -74,7 +75,7 @@ class Kube:
         from . import metrics
 
         metrics.API_REQUESTS.labels(method).inc()
-        resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
+        resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
         raw = resp.read()
         if not 200 <= resp.status <= 299:
             raise ApiException(status=resp.status, reason=resp.reason, body=raw.decode("utf-8", "replace") if raw else "")

@@ -7,6 +7,14 @@ changed for ``duration`` seconds by the standby's own clock (no clock
 agreement between nodes is needed), or at once when the holder released it
 on a clean shutdown (a rolling update then has no gap). A holder that cannot
 renew within ``duration`` steps down before anyone else can take over.
+
+A standby takes over no earlier than ``duration`` after the holder's last
+successful renewal began (it sees the record change only once that write is
+done), so the holder writes only while ``holds()``: less than
+``duration - renew`` since that moment (client-go's renew deadline). Each Lease
+call is bounded by that deadline too: a renewal hung on a slow API server
+returns, fails, and the holder steps down before the standby may take over
+(an unbounded call kept a replica leading ~50 s past its takeover).
 """
 
 from __future__ import annotations
@@ -50,6 +58,20 @@ class LeaderElector:
         self._mine: dict | None = None  # the Lease as our last write left it (the holder renews from it)
 
     @property
+    def deadline(self) -> float:
+        """How long after its last renewal began the holder still writes (renew deadline)."""
+        return max(1.0, self.duration - self.renew)
+
+    def holds(self) -> bool:
+        """Whether this replica may write now: it leads, and its last renewal is recent enough
+        that no standby can have taken over (checked before each write, not only when the
+        lease thread gets to run: a process frozen past its lease resumes here)."""
+        return self.leading.is_set() and self.clock() - self._last_renewed < self.deadline
+
+    def _call(self, method: str, path: str, **kw):
+        return self.kube._call(method, path, timeout=self.deadline, **kw)
+
+    @property
     def path(self) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
 
@@ -83,22 +105,22 @@ class LeaderElector:
             except ApiException as err:
                 self._mine = None
                 if err.status != 409:
-                    return self._failed(now, err)
+                    return self._failed(self.clock(), err)
             else:
                 self._last_renewed = now
                 return True
         try:
-            lease = self.kube._call("GET", self.path)
+            lease = self._call("GET", self.path)
         except ApiException as err:
             if err.status != 404:
-                return self._failed(now, err)
+                return self._failed(self.clock(), err)
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": self._record(self.identity, 0, None)}
             try:
-                self._mine = self.kube._call("POST", self.path.rsplit("/", 1)[0], body=body)
+                self._mine = self._call("POST", self.path.rsplit("/", 1)[0], body=body)
             except ApiException as err2:
-                return self._failed(now, err2)
+                return self._failed(self.clock(), err2)
             self._last_renewed = now
             self._set(True)
             return True
@@ -116,7 +138,7 @@ class LeaderElector:
         try:  # resourceVersion in the patch is a precondition: of two replicas taking over at once, one wins (409)
             self._mine = self._patch(lease, record)
         except ApiException as err:
-            return self._failed(now, err)
+            return self._failed(self.clock(), err)
         self._last_renewed = now
         self._observed = None  # the next read sees our own write as a change
         self._observed_at = now
@@ -126,7 +148,7 @@ class LeaderElector:
     def _patch(self, lease: dict, spec: dict) -> dict:
         """A merge patch (RBAC: patch, no update) conditional on the version read; the Lease written."""
         body = {"metadata": {"resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}, "spec": spec}
-        return self.kube._call("PATCH", self.path, body=body, content_type="application/merge-patch+json")
+        return self._call("PATCH", self.path, body=body, content_type="application/merge-patch+json")
 
     def _failed(self, now: float, err: Exception) -> bool:
         if self.leading.is_set() and now - self._last_renewed >= self.duration - self.renew:
@@ -147,7 +169,7 @@ class LeaderElector:
         self._set(False)
         self._mine = None
         try:
-            lease = self.kube._call("GET", self.path)
+            lease = self._call("GET", self.path)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
                 self._patch(lease, {"holderIdentity": ""})
         except Exception as err:  # noqa: BLE001 - the lease then expires by itself

@@ -160,6 +160,14 @@ class WorkQueue:
         with self._cond:
             self._cond.notify_all()
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no key is being processed (at most ``timeout`` s); whether none is."""
+        deadline = self.clock() + timeout
+        with self._cond:
+            while self._running and self.clock() < deadline:
+                self._cond.wait(min(0.1, max(0.0, deadline - self.clock())))
+            return not self._running
+
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
