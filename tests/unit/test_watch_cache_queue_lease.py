@@ -141,6 +141,29 @@ def test_a_service_created_while_this_replica_writes_reads_nothing_at_all(monkey
             handlers.forget_service(NS, name)
 
 
+def test_an_autoscaled_pool_that_drops_out_of_the_watch_is_not_created_again_at_its_initial_size(monkeypatch):
+    """A service created here (born here: its pools are taken as absent without a GET) whose
+    decode was scaled to 8; its StatefulSet's managed-by label is edited, and the label-selected
+    watch reports it DELETED. The next reconcile asks for the pool (it exists) and keeps its 8
+    replicas; it used to force-apply the pool at its initial size, killing 7 serving pods."""
+    monkeypatch.setattr(handlers, "reconcile_service", lambda *a, **k: None)
+    api = FakeApi()
+    b = minimal(engine={"kind": "vllm"})
+    b["metadata"] = {"namespace": NS, "name": "grown", "uid": "u-grown", "generation": 1}
+    api.services[(NS, "grown")] = b
+    try:
+        handlers.on_service_event({"type": "ADDED", "object": copy.deepcopy(b)})
+        kube = CachedKube(api, handlers.CACHE)
+        reconcile(kube, kube.get_service(NS, "grown"), lambda *a: None)
+        kube.apply_replicas("StatefulSet", NS, "grown-decode", 8)  # the autoscaler
+        sts = api.objects[("StatefulSet", NS, "grown-decode")]
+        handlers.on_child_event("StatefulSet", {"type": "DELETED", "object": copy.deepcopy(sts)})
+        reconcile(kube, kube.get_service(NS, "grown"), lambda *a: None)
+        assert api.objects[("StatefulSet", NS, "grown-decode")]["spec"]["replicas"] == 8
+    finally:
+        handlers.forget_service(NS, "grown")
+
+
 def test_the_cache_keeps_the_fingerprint_of_our_fields_not_the_field_sets():
     from pd_operator.controller.reconcile import _our_fields
 

@@ -179,6 +179,11 @@ class Cache:
         with self._lock:
             old = self._objects.get(kind, {}).pop((namespace, name), None)
             self._index(kind, (namespace, name), old, None)
+            if kind in POOL_KINDS:
+                # a pool gone from the cache may still exist (its labels no longer match the
+                # watch, a late DELETED of an older copy): ask before taking it for absent, or
+                # it would be created again at its initial size over an autoscaled one
+                self._born_here.discard((namespace, name.rsplit("-", 1)[0]))
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         with self._lock:
