@@ -654,3 +654,46 @@ def test_writes_are_refused_while_this_replica_may_not_write():
         raise AssertionError("a write went through while this replica may not write")
     assert kube.apply(copy.deepcopy(sts), dry_run=True) is not None  # a dry run writes nothing
     assert api.objects[("StatefulSet", NS, sts["metadata"]["name"])]["spec"]["replicas"] == 3
+
+
+def test_the_resync_sweeps_out_what_was_deleted_while_a_watch_was_down(monkeypatch):
+    """kopf restarts a watch on 410 Gone with a fresh list and sends no DELETED for what went
+    in the gap: the resync's metadata-only LIST per kind drops those from the cache (a deleted
+    NetworkPolicy looked present and was never restored; a deleted service kept being
+    reconciled). What is listed stays, and so does a newer copy (another uid) that a watch
+    brought while the list ran."""
+    cache = Cache()
+    monkeypatch.setattr(handlers, "CACHE", cache)
+    monkeypatch.setattr(handlers, "reconcile_service", lambda *a, **k: None)
+
+    def obj(kind, name, uid, service="svc"):
+        return {"kind": kind, "metadata": {"namespace": NS, "name": name, "uid": uid,
+                                           "labels": {"pdserving.io/service": service}}}
+
+    for kind, name, uid, service in [(SERVICE_KIND, "svc", "s1", None), (SERVICE_KIND, "gone", "s2", None),
+                                     ("NetworkPolicy", "svc-engines", "n1", "svc"),
+                                     ("NetworkPolicy", "svc-router", "n2", "svc"),
+                                     ("Pod", "svc-decode-0", "p1", "svc")]:
+        cache.put(kind, obj(kind, name, uid, service) if service else obj(kind, name, uid, name))
+    lists = []
+
+    class Lister:
+        def list_names(self, api_version, plural, namespace, selector=""):
+            lists.append((plural, selector))
+            if plural == "networkpolicies":
+                # meanwhile a watch brings a new copy of svc-router (recreated: another uid)
+                cache.put("NetworkPolicy", obj("NetworkPolicy", "svc-router", "n3"))
+                return set()
+            if plural == "leaderworkersets":
+                return None
+            return {(NS, "svc", "s1"), (NS, "svc-decode-0", "p1")}
+
+    monkeypatch.setitem(handlers.STATE, "kube", Lister())
+    assert handlers.sweep(None) == 2
+    assert cache.get(SERVICE_KIND, NS, "gone") is None and cache.get(SERVICE_KIND, NS, "svc") is not None
+    assert cache.get("NetworkPolicy", NS, "svc-engines") is None
+    assert cache.get("NetworkPolicy", NS, "svc-router")["metadata"]["uid"] == "n3"
+    assert cache.get("Pod", NS, "svc-decode-0") is not None
+    # only the kinds with something cached are listed, children by the operator's labels
+    assert sorted(p for p, _ in lists) == ["networkpolicies", "pdinferenceservices", "pods"]
+    assert dict(lists)["networkpolicies"] == "app.kubernetes.io/managed-by=pd-operator,pdserving.io/service"

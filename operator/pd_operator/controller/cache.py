@@ -205,6 +205,22 @@ class Cache:
         return [o for (ns, _), o in objs if namespace in (None, ns)
                 and selector.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
 
+    def uids(self, kind: str, namespace: str | None) -> dict[tuple[str, str], str]:
+        """(namespace, name) -> uid of the cached objects of a kind (a sweep's snapshot)."""
+        with self._lock:
+            return {k: ((o.get("metadata") or {}).get("uid") or "") for k, o in self._objects.get(kind, {}).items()
+                    if namespace in (None, k[0])}
+
+    def remove_if(self, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """Remove the cached object only if it is still the one with ``uid`` (not a newer copy
+        a watch event brought meanwhile)."""
+        with self._lock:
+            obj = self._objects.get(kind, {}).get((namespace, name))
+            if obj is None or ((obj.get("metadata") or {}).get("uid") or "") != uid:
+                return False
+        self.remove(kind, namespace, name)
+        return True
+
     def forget_service(self, namespace: str, name: str) -> None:
         """Drop a deleted service and everything labelled as its child."""
         with self._lock:

@@ -168,8 +168,52 @@ def forget_service(namespace: str, name: str) -> None:
         STATE["autoscaler"].forget(namespace, name)
 
 
+def sweep(namespace: str | None) -> int:
+    """Drop from the cache what no longer exists: after a watch is restarted on 410 Gone,
+    kopf lists again and delivers what it finds, but sends no DELETED for what went in the
+    gap (an API server restarted during an upgrade), so a deleted NetworkPolicy looked
+    present (never restored) and a deleted service kept being reconciled. One metadata-only
+    LIST per watched kind (paged), against a snapshot taken before it: what the snapshot
+    holds and the list does not was deleted before the list, unless a newer copy (another
+    uid) arrived since. Returns how many objects were dropped."""
+    from .kube import KINDS
+
+    api = kube()
+    managed = f"{LABEL_MANAGED_BY}={FIELD_MANAGER},{LABEL_SERVICE}"
+    scans = [(SERVICE_KIND, f"{GROUP}/{VERSION}", PLURAL, ""), (POD_KIND, "v1", "pods", LABEL_SERVICE)]
+    scans += [(kind, *KINDS[kind], managed) for kind in CHILD_KINDS.values() if kind in KINDS]
+    dropped = 0
+    for kind, api_version, plural, selector in scans:
+        before = CACHE.uids(kind, namespace)
+        if not before:
+            continue
+        listed = api.list_names(api_version, plural, namespace, selector)
+        if listed is None:
+            continue  # the kind is not served (no LWS CRD): nothing of it can be cached either
+        present = {(ns, name) for ns, name, _ in listed}
+        for (ns, name), uid in before.items():
+            if (ns, name) in present:
+                continue
+            if kind == SERVICE_KIND:
+                if CACHE.get(SERVICE_KIND, ns, name) is not None and \
+                        (CACHE.get(SERVICE_KIND, ns, name)["metadata"].get("uid") or "") == uid:
+                    forget_service(ns, name)
+                    dropped += 1
+            elif CACHE.remove_if(kind, ns, name, uid):
+                dropped += 1
+    if dropped:
+        logging.getLogger(__name__).warning("%d cached objects no longer exist (a watch restarted after a "
+                                            "gap): dropped", dropped)
+    return dropped
+
+
 def resync(namespace: str | None) -> None:
-    """Queue every cached service in ``namespace`` (None: all in scope)."""
+    """Drop what no longer exists from the cache (``sweep``), then queue every cached
+    service in ``namespace`` (None: all in scope)."""
+    try:
+        sweep(namespace)
+    except Exception:  # noqa: BLE001 - the next resync sweeps again
+        logging.getLogger(__name__).warning("cache sweep failed", exc_info=True)
     if not ACTIVE.is_set():
         return
     services = CACHE.select(SERVICE_KIND, namespace, {})

@@ -62,8 +62,8 @@ class Kube:
 
     # -- raw calls ---------------------------------------------------------------
     def _call(self, method: str, path: str, body: Any = None, query: list | None = None, content_type: str | None = None,
-              timeout: float = 60) -> Any:
-        headers = {"Accept": "application/json"}
+              timeout: float = 60, accept: str = "application/json") -> Any:
+        headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
         elif body is not None:
@@ -182,6 +182,32 @@ class Kube:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+
+    def list_names(self, api_version: str, plural: str, namespace: str | None, selector: str = "",
+                   page: int = 500) -> set[tuple[str, str, str]] | None:
+        """(namespace, name, uid) of every object of a kind that the selector matches, read as
+        metadata only (PartialObjectMetadataList) and in pages; None when the kind is not
+        served (the LWS CRD absent)."""
+        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+        out: set[tuple[str, str, str]] = set()
+        token = ""
+        while True:
+            query = [("limit", str(page))] + ([("labelSelector", selector)] if selector else []) \
+                + ([("continue", token)] if token else [])
+            try:
+                got = self._call("GET", path, query=query,
+                                 accept="application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1")
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise
+            for item in (got or {}).get("items") or []:
+                meta = item.get("metadata") or {}
+                out.add((meta.get("namespace") or "", meta.get("name") or "", meta.get("uid") or ""))
+            token = ((got or {}).get("metadata") or {}).get("continue") or ""
+            if not token:
+                return out
 
     # -- the custom resource ---------------------------------------------------------
     def get_service(self, namespace: str, name: str) -> dict | None:
