@@ -697,3 +697,29 @@ def test_the_resync_sweeps_out_what_was_deleted_while_a_watch_was_down(monkeypat
     # only the kinds with something cached are listed, children by the operator's labels
     assert sorted(p for p, _ in lists) == ["networkpolicies", "pdinferenceservices", "pods"]
     assert dict(lists)["networkpolicies"] == "app.kubernetes.io/managed-by=pd-operator,pdserving.io/service"
+
+
+def test_a_service_deleted_while_it_is_reconciled_leaves_nothing_behind(monkeypatch):
+    """The DELETED event arrives while the reconcile runs: forget_service clears the service's
+    entries, then the reconcile in flight put its owned fields back; the queue's work
+    function forgets the service again once the run ends."""
+    from pd_operator.controller.reconcile import OWNED
+
+    cache = Cache()
+    monkeypatch.setattr(handlers, "CACHE", cache)
+    api = FakeApi()
+    b = minimal(engine={"kind": "vllm"})
+    b["metadata"] = {"namespace": NS, "name": "brief", "uid": "u-brief", "generation": 1}
+    api.services[(NS, "brief")] = b
+    cache.put(SERVICE_KIND, copy.deepcopy(b))
+    kube = CachedKube(api, cache)
+    monkeypatch.setitem(handlers.STATE, "kube", kube)
+    before = len(OWNED)
+
+    def deleted_midway(kube_, body, event):
+        handlers.on_service_event({"type": "DELETED", "object": copy.deepcopy(b)})
+        return reconcile(kube_, body, event)
+
+    monkeypatch.setattr(handlers, "reconcile", deleted_midway)
+    handlers.process((NS, "brief"))
+    assert len(OWNED) == before and OWNED.get(NS, "brief", "StatefulSet", "brief-decode") is None

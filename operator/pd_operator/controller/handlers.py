@@ -77,6 +77,11 @@ def process(key: tuple[str, str]) -> None:
     body = kube().get_service(namespace, name)
     if body is not None and not body["metadata"].get("deletionTimestamp"):
         status = reconcile(kube(), body, post_event)
+        if CACHE.get(SERVICE_KIND, namespace, name) is None:
+            # deleted while it was reconciled: what the run put back (owned fields, refusals,
+            # its metric series) goes too, or it would stay for ever
+            forget_service(namespace, name)
+            return
         if any(c.get("reason") == "SecretNotFound" for c in status.get("conditions") or []):
             # Secrets are not watched (no cluster-wide Secret reads): look again soon
             QUEUE.add(key, delay=SECRET_RECHECK_SECONDS)
