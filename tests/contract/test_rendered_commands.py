@@ -28,7 +28,7 @@ ENGINE_PREFIX = {"vllm": "VLLM_", "sglang": "SGLANG_"}
 # What the LWS pod webhook writes into a group pod's env (render/launch.py), for
 # a worker of index 2: the launcher's templates are filled in from it.
 GROUP_ENV = {"LWS_LEADER_ADDRESS": "svc-decode-0.svc-decode.ns", "LWS_WORKER_INDEX": "2", "LWS_GROUP_SIZE": "4",
-             "PD_ENGINE_API_KEY": "key"}
+             "PD_ENGINE_API_KEY": "key", "POD_IP": "10.0.0.7"}
 
 
 def commands(svc):

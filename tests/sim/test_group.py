@@ -32,7 +32,7 @@ def group_commands(kind: str, spec: dict) -> tuple[list[str], list[str]]:
 
 def start(argv: list[str], bind: str, index: int, leader_ip: str, port: int | None = None) -> subprocess.Popen:
     env = {**os.environ, "LWS_LEADER_ADDRESS": "svc-decode-0.svc-decode.ns", "LWS_WORKER_INDEX": str(index),
-           "LWS_GROUP_SIZE": "3", "PD_SIM_LEADER_IP": leader_ip}
+           "LWS_GROUP_SIZE": "3", "PD_SIM_LEADER_IP": leader_ip, "POD_IP": bind}
     sim = [sys.executable, "-m", "pd_operator_tools.enginesim", "--bind", bind]
     if port:
         sim += ["--bind-port", str(port)]

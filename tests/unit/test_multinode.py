@@ -109,7 +109,10 @@ def test_deepep_needs_expert_parallel_and_vllm_has_no_auto():
 
 def group_env(index: int) -> dict[str, str]:
     return {"LWS_LEADER_ADDRESS": "svc-decode-0.svc-decode.ns", "LWS_WORKER_INDEX": str(index),
-            "LWS_GROUP_SIZE": "4", "PD_ENGINE_API_KEY": "k"}
+            "LWS_GROUP_SIZE": "4", "PD_ENGINE_API_KEY": "k", "POD_IP": LEADER_IP if index == 0 else f"10.0.0.{10 + index}"}
+
+
+LEADER_IP = "10.0.0.7"
 
 
 def parsed(kind: str, lws: dict, side: str, index: int):
@@ -121,9 +124,12 @@ def test_sglang_leader_and_workers_parse_with_node_rank_and_rendezvous():
     lws = workloads(sglang_wide_ep(engine={"kind": "sglang", "apiKeySecretRef": {"name": "k", "key": "k"}}))["decode"]
     leader = parsed("sglang", lws, "leaderTemplate", 0)
     worker = parsed("sglang", lws, "workerTemplate", 3)
+    # the leader binds ZMQ sockets on the host of --dist-init-addr (libzmq: an IP, no DNS
+    # name): its own pod IP; the workers connect to LWS's DNS name of the leader
+    assert leader.dist_init_addr == f"{LEADER_IP}:20000"
+    assert worker.dist_init_addr == "svc-decode-0.svc-decode.ns:20000"
     for ns, rank in ((leader, 0), (worker, 3)):
         assert ns.nnodes == 4 and ns.node_rank == rank
-        assert ns.dist_init_addr == "svc-decode-0.svc-decode.ns:20000"
         assert ns.tp_size == 32 and ns.attn_dp_size == 32 and ns.ep_size == 32
         assert ns.moe_a2a_backend == "deepep" and ns.deepep_mode == "low_latency"
         assert ns.api_key == "k"
@@ -134,11 +140,30 @@ def test_vllm_workers_are_headless_with_their_first_dp_rank():
     lws = workloads(vllm_wide_ep())["decode"]
     leader = parsed("vllm", lws, "leaderTemplate", 0)
     assert leader.data_parallel_size == 32 and leader.data_parallel_size_local == 8
-    assert leader.data_parallel_address == "svc-decode-0.svc-decode.ns" and not leader.headless
+    # the leader binds its ZMQ ROUTER sockets on --data-parallel-address: its pod IP
+    assert leader.data_parallel_address == LEADER_IP and not leader.headless
     assert leader.data_parallel_start_rank is None  # a start rank would switch the leader to hybrid LB
     assert leader.enable_expert_parallel and leader.all2all_backend == "deepep_low_latency"
     worker = parsed("vllm", lws, "workerTemplate", 3)
     assert worker.headless and worker.data_parallel_start_rank == 24 and worker.data_parallel_size_local == 8
+    assert worker.data_parallel_address == "svc-decode-0.svc-decode.ns"
+
+
+@pytest.mark.parametrize("kind, obj", [("sglang", sglang_wide_ep()), ("vllm", vllm_wide_ep())])
+def test_the_simulated_leader_refuses_to_bind_on_a_dns_name(kind, obj, monkeypatch):
+    """The simulated engine fails to start as the engine does when its leader would bind
+    ZMQ sockets on a DNS name, and starts with the rendered command (the pod IP)."""
+    from pd_operator_tools.enginesim.__main__ import EngineStartError, config_from_argv
+
+    lws = workloads(obj)["decode"]
+    argv = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"]
+    for k, v in group_env(0).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PD_SIM_LEADER_IP", raising=False)
+    assert config_from_argv(argv).group.leader
+    monkeypatch.setenv("POD_IP", "svc-decode-0.svc-decode.ns")  # what the old command gave
+    with pytest.raises(EngineStartError, match="No such device"):
+        config_from_argv(argv)
 
 
 def test_only_leaders_serve_http_and_routers_select_only_them():

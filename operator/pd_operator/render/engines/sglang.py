@@ -28,8 +28,9 @@ from .flagset import has_flag
 API_KEY_ENV = "PD_ENGINE_API_KEY"
 
 # A replica over several nodes: node 0 (the LWS leader) hosts the rendezvous at
-# --dist-init-addr HOST:PORT and, for DP attention, the ZMQ ports PORT+1..PORT+7
-# (server_args.py PortArgs.init_new, NUM_DERIVED_PORTS); nodes of rank >= 1
+# --dist-init-addr HOST:PORT and, for DP attention, binds ZMQ sockets on HOST
+# itself (PortArgs.init_new, the DP controller): HOST is the leader's pod IP
+# (tests/contract/FACTS.md, "Replicas that span nodes"); nodes of rank >= 1
 # serve no HTTP (http_server.py launch_server returns after the schedulers exit).
 DIST_INIT_PORT = 20000
 DIST_INIT_PORTS = 8
@@ -80,10 +81,16 @@ class SGLangAdapter(EngineAdapter):
 
     def group_command(self, role: str, leader: bool) -> list[str]:
         """A pod of a replica over ``nodes`` nodes: the same command on every node,
-        the node rank and the leader's address filled in from LWS's env."""
+        the node rank and the rendezvous address filled in from the pod's env
+        (the leader's own POD_IP on the leader, LWS's leader name on workers)."""
         nodes = self.pool(role).nodes(self.spec.topology.gpus_per_node)
         argv = self._argv(role) + ["--nnodes", str(nodes)]
-        pairs = [("--dist-init-addr", f"{{LWS_LEADER_ADDRESS}}:{DIST_INIT_PORT}"), ("--node-rank", "{LWS_WORKER_INDEX}")]
+        # Node 0 binds its ZMQ sockets on the host of --dist-init-addr as given,
+        # and libzmq binds IP addresses only (no DNS name): the leader names
+        # itself by its pod IP; the workers only connect (ZMQ and torch's
+        # TCPStore resolve a DNS name on connect) and keep LWS's leader name.
+        leader_host = "{POD_IP}" if leader else "{LWS_LEADER_ADDRESS}"
+        pairs = [("--dist-init-addr", f"{leader_host}:{DIST_INIT_PORT}"), ("--node-rank", "{LWS_WORKER_INDEX}")]
         if self.spec.engine.api_key_secret_ref:
             pairs.append(("--api-key", f"{{{API_KEY_ENV}}}"))
         return with_group_flags("sglang.launch_server", argv[3:], pairs)

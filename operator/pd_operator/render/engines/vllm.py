@@ -162,7 +162,10 @@ class VLLMAdapter(EngineAdapter):
             "--data-parallel-size-local", str(local),
             "--data-parallel-rpc-port", str(DP_RPC_PORT),
         ]
-        pairs = [("--data-parallel-address", "{LWS_LEADER_ADDRESS}")]
+        # The leader binds ZMQ ROUTER sockets (engine handshake, DP coordinator)
+        # on --data-parallel-address, and libzmq binds IP addresses only: the
+        # leader gives its pod IP; workers connect, which resolves LWS's DNS name.
+        pairs = [("--data-parallel-address", "{POD_IP}" if leader else "{LWS_LEADER_ADDRESS}")]
         if not leader:
             argv.append("--headless")
             pairs.append(("--data-parallel-start-rank", f"{{LWS_WORKER_INDEX*{local}}}"))

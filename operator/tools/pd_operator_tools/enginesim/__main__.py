@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import re
 import signal
@@ -102,6 +103,35 @@ def check_rdma_devices(flavor: str, ns: argparse.Namespace, env: dict[str, str])
         "request one with kvTransfer.rdma.resourceName, or use kvTransfer.mooncake.protocol: tcp)")
 
 
+def check_bind_host(flavor: str, ns: argparse.Namespace, group) -> None:
+    """EngineStartError if the leader of a replica over nodes would bind ZMQ sockets on a DNS name.
+
+    SGLang node 0 with attention DP binds on the host of ``--dist-init-addr``
+    as given (server_args.py PortArgs.init_new, managers/tokenizer_manager.py
+    init_ipc_channels, managers/data_parallel_controller.py); the vLLM leader
+    binds its handshake and coordinator ROUTER sockets on
+    ``--data-parallel-address`` (v1/engine/utils.py launch_core_engines,
+    v1/engine/coordinator.py). libzmq's bind takes an IP address or an
+    interface name, never a DNS name (tcp_address resolve, allow_dns only for
+    connect), and fails with ENODEV ("No such device").
+    """
+    if group is None or not group.leader:
+        return
+    if flavor == "sglang":
+        attn_dp = (ns.attn_dp_size or 1) > 1 or (bool(ns.enable_dp_attention) and (ns.dp_size or 1) > 1)
+        if not attn_dp:
+            return
+        host, flag = (ns.dist_init_addr or "").rpartition(":")[0].strip("[]"), "--dist-init-addr"
+    else:
+        host, flag = ns.data_parallel_address or "", "--data-parallel-address"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise EngineStartError(
+            f"zmq.error.ZMQError: No such device (addr='tcp://{host}:...') (simulated: the leader binds ZMQ "
+            f"sockets on the host of {flag}, and libzmq binds an IP address, not a DNS name)") from None
+
+
 def _expand(argv: list[str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: os.environ.get(m.group(1), m.group(0)), a) for a in argv]
 
@@ -128,6 +158,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
     ns = check_argv(flavor, VERSIONS[flavor], argv, allow_abbrev=None)
     check_rdma_devices(flavor, ns, dict(os.environ))
     group = group_from_namespace(flavor, ns)
+    check_bind_host(flavor, ns, group)
     if flavor == "vllm":
         model = ns.model_tag or "facebook/opt-125m"
         served = list(ns.served_model_name or [model])

@@ -18,9 +18,12 @@ rendezvous port: a worker sends its node rank and holds the connection; the
 leader answers /health 200 only while all N-1 workers are connected, and exits
 when one drops; a worker exits when the leader's connection drops.
 
-The leader's address in a pod is LWS's DNS name (LWS_LEADER_ADDRESS); the
-local test world has no cluster DNS, so ``PD_SIM_LEADER_IP`` (set by the
-e2e harness to the leader pod's IP) is used instead when present.
+The leader names itself by its pod IP (POD_IP: it binds ZMQ sockets there, and
+libzmq binds no DNS name; the sim refuses a name there, __main__.py
+check_bind_host); the workers get LWS's DNS name of the leader
+(LWS_LEADER_ADDRESS). The local test world has no cluster DNS, so
+``PD_SIM_LEADER_IP`` (set by the e2e harness to the leader pod's IP) is used
+instead when present.
 """
 
 from __future__ import annotations
