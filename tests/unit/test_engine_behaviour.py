@@ -186,7 +186,7 @@ RDMA = {"resourceName": "rdma/ib", "ibDevices": ["mlx5_0"]}
     ("vllm", "UCX_NET_DEVICES", {"kvTransfer": {"rdma": RDMA}}),
     ("vllm", "HF_HOME", {}),
     ("vllm", "VLLM_NIXL_SIDE_CHANNEL_PORT", {}),
-    ("sglang", "SGLANG_DISAGG_STAGING_BUFFER", {"prefill": {"tensorParallelSize": 2}}),
+    ("sglang", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", {}),
     ("sglang", "HF_HOME", {}),
 ])
 def test_user_env_replaces_the_operator_value(kind, name, extra):

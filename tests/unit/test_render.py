@@ -134,7 +134,7 @@ def test_vllm_mooncake_roles_and_bootstrap():
     assert router[router.index("--kv-connector") + 1] == "mooncake"
 
 
-def test_sglang_roles_unequal_tp_and_staging_buffer():
+def test_sglang_roles_unequal_tp_without_staging_buffer():
     objs = render(validate_service(minimal("sglang", prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8}, kvTransfer={"rdma": {"ibDevices": ["mlx5_0", "mlx5_1"]}})))
     p, d = engine_container(objs, "prefill")["command"], engine_container(objs, "decode")["command"]
     assert p[p.index("--disaggregation-mode") + 1] == "prefill" and d[d.index("--disaggregation-mode") + 1] == "decode"
@@ -143,6 +143,13 @@ def test_sglang_roles_unequal_tp_and_staging_buffer():
     assert p[p.index("--disaggregation-ib-device") + 1] == "mlx5_0,mlx5_1"
     assert "--pd-disaggregation" not in p + d and "--prefill-only" not in p
     assert "--enable-metrics" in p and "--enable-metrics" in d
+    # unequal TP needs no staging buffer (conn.py maps the ranks); SGLang refuses the
+    # staging buffer at start for MLA models (prefill.py:218-223, decode.py:451-456)
+    for role in ("prefill", "decode"):
+        assert "SGLANG_DISAGG_STAGING_BUFFER" not in env_of(engine_container(objs, role))
+    # a user who knows the model is not MLA may still turn it on
+    objs = render(validate_service(minimal("sglang", prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8},
+                                           engine={"kind": "sglang", "env": [{"name": "SGLANG_DISAGG_STAGING_BUFFER", "value": "1"}]})))
     for role in ("prefill", "decode"):
         assert env_of(engine_container(objs, role))["SGLANG_DISAGG_STAGING_BUFFER"]["value"] == "1"
 

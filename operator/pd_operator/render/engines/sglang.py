@@ -7,7 +7,12 @@ set is in flagsets/sglang-0.5.23.json and a contract test checks every line):
   ``--prefill-only`` are router/blog inventions, not server flags).
 - ``--disaggregation-transfer-backend mooncake|nixl``,
   ``--disaggregation-bootstrap-port`` on prefill, ``--disaggregation-ib-device``.
-- Unequal TP: SGLANG_DISAGG_STAGING_BUFFER=1 turns on the staging buffer.
+- Unequal TP works without any setting (the decode side maps the ranks,
+  disaggregation/common/conn.py). SGLANG_DISAGG_STAGING_BUFFER=1 is an
+  optional speed-up for non-MLA models only: SGLang refuses it at start for
+  MLA models (DeepSeek), for chunked_prefill_size not a positive multiple of
+  the page size, and with pp > 1 on nixl (disaggregation/prefill.py,
+  decode.py), so it is never set here; a user may set it in env.
   ``--disaggregation-decode-tp/-dp`` (older releases, and many guides) do not
   exist in 0.5.23: the bootstrap handshake carries the decode layout.
 - Mooncake over TCP is its own backend name, ``mooncake_tcp``.
@@ -156,8 +161,6 @@ class SGLangAdapter(EngineAdapter):
         # busy pod. With it off, /health is 200 once started and 503 while
         # starting or draining after SIGTERM.
         env: list[dict] = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
-        if spec.prefill.attention_tp_size() != spec.decode.attention_tp_size():
-            env.append({"name": "SGLANG_DISAGG_STAGING_BUFFER", "value": "1"})
         if spec.backend() == "nixl":
             nixl_backend = spec.kv_transfer.nixl.backends[0]
             if nixl_backend != "UCX":
