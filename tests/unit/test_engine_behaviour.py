@@ -67,6 +67,53 @@ def test_shutdown_timeout_is_managed():
     assert "spec.engine.extraArgs[0]" in dict(info.value.problems)
 
 
+# vLLM 0.33.0 entrypoints/cli/serve.py: with DP the API-server count defaults to the
+# DP size, and more than one runs run_multi_api_server: on SIGTERM the API-server
+# processes (which do not own the engines) stop first and drop their requests; only
+# the single in-process API server drains for --shutdown-timeout.
+@pytest.mark.parametrize("extra", [["--api-server-count", "4"], ["-asc", "4"]])
+def test_api_server_count_is_managed(extra):
+    with pytest.raises(SpecError) as info:
+        objects(minimal(engine={"kind": "vllm", "extraArgs": extra}))
+    assert "set by the operator" in dict(info.value.problems)["spec.engine.extraArgs[0]"]
+
+
+def test_vllm_data_parallel_pools_run_one_api_server_that_drains(monkeypatch):
+    from pd_operator_tools.enginesim.__main__ import config_from_argv, vllm_api_servers
+    from pd_operator.render.engines.flagset import check_argv
+
+    obj = minimal(decode={"dataParallelSize": 4, "tensorParallelSize": 1}, prefill={"tensorParallelSize": 1})
+    d, p = container(obj, "decode")["command"], container(obj, "prefill")["command"]
+    assert flag(d, "--api-server-count") == "1"
+    assert "--api-server-count" not in p  # DP 1: one API server anyway
+    ns = check_argv("vllm", "0.33.0", d)
+    assert vllm_api_servers(ns) == 1
+    # the simulated vLLM drops in-flight requests on SIGTERM with several API servers, as vLLM does
+    monkeypatch.delenv("PD_SIM_LEADER_IP", raising=False)
+    assert config_from_argv(d).shutdown_timeout > 0
+    i = d.index("--api-server-count")
+    without = d[:i] + d[i + 2:]
+    assert vllm_api_servers(check_argv("vllm", "0.33.0", without)) == 4
+    assert config_from_argv(without).shutdown_timeout == 0
+
+
+def test_vllm_group_leader_runs_one_api_server_and_workers_none():
+    from pd_operator.render.launch import resolve_argv
+    from pd_operator.render.engines.flagset import check_argv
+
+    obj = minimal("vllm", topology={"gpusPerNode": 8, "nvlinkDomainKey": "kubernetes.io/hostname"},
+                  decode={"tensorParallelSize": 1, "dataParallelSize": 16, "expertParallel": True})
+    lws = next(o for o in objects(obj) if o["kind"] == "LeaderWorkerSet")
+    env = {"LWS_LEADER_ADDRESS": "l.s.ns", "LWS_WORKER_INDEX": "1", "POD_IP": "10.0.0.1"}
+    tmpl = lws["spec"]["leaderWorkerTemplate"]
+    leader = check_argv("vllm", "0.33.0", resolve_argv(tmpl["leaderTemplate"]["spec"]["containers"][0]["command"],
+                                                       {**env, "LWS_WORKER_INDEX": "0"}))
+    worker = check_argv("vllm", "0.33.0", resolve_argv(tmpl["workerTemplate"]["spec"]["containers"][0]["command"], env))
+    assert leader.api_server_count == 1 and not leader.headless
+    # serve.py refuses --api-server-count > 0 with --headless
+    assert worker.headless and worker.api_server_count is None
+
+
 # ---------------------------------------------------------------- 2. TP rules, over the grid
 
 # What each pinned engine enforces between prefill TP (P) and decode TP (D).

@@ -26,7 +26,10 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
 - SIGTERM: ``--shutdown-timeout`` 0 (the default) aborts every in-flight
   request; N > 0 rejects new ones and drains for up to N s
   (engine/arg_utils.py, v1/engine/core.py ``_handle_shutdown``). The renderer
-  sets it to what the grace period leaves after the preStop sleep.
+  sets it to what the grace period leaves after the preStop sleep. The drain
+  holds only with one API server in the engines' own process: with DP > 1
+  ``--api-server-count 1`` is rendered (the default would be the DP size,
+  whose separate API-server processes drop their requests on SIGTERM).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class VLLMAdapter(EngineAdapter):
             "--shutdown-timeout",
             "--data-parallel-size-local", "-dpl", "--data-parallel-address", "-dpa", "--data-parallel-rpc-port", "-dpp",
             "--data-parallel-start-rank", "-dpr", "--headless", "--enable-expert-parallel", "-ep", "--all2all-backend",
-            "--nnodes", "-n", "--node-rank", "-r",
+            "--nnodes", "-n", "--node-rank", "-r", "--api-server-count", "-asc",
         }
     )
 
@@ -124,7 +127,7 @@ class VLLMAdapter(EngineAdapter):
             return []
         return ["--enable-prefix-caching" if enabled else "--no-enable-prefix-caching"]
 
-    def command(self, role: str) -> list[str]:
+    def command(self, role: str, headless: bool = False) -> list[str]:
         spec = self.spec
         pool = self.pool(role)
         argv = [
@@ -138,6 +141,14 @@ class VLLMAdapter(EngineAdapter):
             argv += ["--pipeline-parallel-size", str(pool.pipeline_parallel_size)]
         if pool.data_parallel_size > 1:
             argv += ["--data-parallel-size", str(pool.data_parallel_size)]
+            if not headless:
+                # One API server, in the process that owns the engines: with DP the
+                # count defaults to the DP size (cli/serve.py), and several API
+                # servers are separate processes that do not own the engines and
+                # are stopped first on SIGTERM, dropping their in-flight requests;
+                # only the in-process server drains (--shutdown-timeout).
+                # --headless refuses the flag (cli/serve.py).
+                argv += ["--api-server-count", "1"]
         if pool.expert_parallel:
             argv.append("--enable-expert-parallel")
         if pool.deepep_mode:
@@ -158,7 +169,7 @@ class VLLMAdapter(EngineAdapter):
         a worker is --headless, its first rank LWS_WORKER_INDEX x local ranks."""
         pool = self.pool(role)
         local = pool.data_parallel_size // pool.nodes(self.spec.topology.gpus_per_node)
-        argv = self.command(role) + [
+        argv = self.command(role, headless=not leader) + [
             "--data-parallel-size-local", str(local),
             "--data-parallel-rpc-port", str(DP_RPC_PORT),
         ]

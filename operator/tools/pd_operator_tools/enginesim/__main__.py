@@ -132,6 +132,27 @@ def check_bind_host(flavor: str, ns: argparse.Namespace, group) -> None:
             f"sockets on the host of {flag}, and libzmq binds an IP address, not a DNS name)") from None
 
 
+def vllm_api_servers(ns: argparse.Namespace) -> int:
+    """How many API-server processes ``vllm serve`` starts (entrypoints/cli/serve.py
+    ``ServeSubcommand.cmd``): 0 headless; else --api-server-count, whose default is
+    1 with an external LB, the local DP size in hybrid LB mode (a start rank
+    without --headless) and the whole DP size otherwise."""
+    if getattr(ns, "headless", False):
+        return 0
+    if ns.api_server_count is not None:
+        return ns.api_server_count
+    external = bool(getattr(ns, "data_parallel_external_lb", False)) or getattr(ns, "data_parallel_rank", None) is not None
+    multi_port = bool(getattr(ns, "data_parallel_multi_port_external_lb", False))
+    hybrid = bool(getattr(ns, "data_parallel_hybrid_lb", False))
+    if not hybrid and not multi_port:
+        hybrid = getattr(ns, "data_parallel_start_rank", None) is not None  # "Infer hybrid LB mode"
+    if external or multi_port:
+        return 1
+    if hybrid:
+        return ns.data_parallel_size_local or 1
+    return ns.data_parallel_size or 1
+
+
 def _expand(argv: list[str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: os.environ.get(m.group(1), m.group(0)), a) for a in argv]
 
@@ -179,6 +200,12 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         bootstrap = None
         metrics = True
         shutdown_timeout = ns.shutdown_timeout or 0
+        if vllm_api_servers(ns) > 1:
+            # several API-server processes (run_multi_api_server): on SIGTERM they are
+            # stopped first, and they do not own the engines, so their in-flight
+            # requests are dropped whatever --shutdown-timeout says (cli/serve.py,
+            # v1/engine/core_client.py MPClient.shutdown): the sim aborts them
+            shutdown_timeout = 0
         connector = kvt.get("kv_connector") if isinstance(kvt, dict) else None
         max_queued = ns.max_num_queued_reqs
     else:
