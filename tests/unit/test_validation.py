@@ -189,3 +189,12 @@ def test_cache_claim_name_is_the_pvc_cache():
     cache = svc.spec.model.effective_cache()
     assert (cache.kind, cache.claim_name) == ("pvc", "hf")
     assert validate_service(minimal()).spec.model.effective_cache().kind == "emptyDir"
+
+
+def test_sglang_served_name_with_a_colon_is_refused():
+    # SGLang 0.5.23 arg_groups/validation_hook.py:213-218 (run by entrypoints/engine.py:1165):
+    # ':' is reserved for 'model:adapter'; the engine would fail at start
+    p = problems(minimal("sglang", model={"name": "Qwen/Qwen3-8B", "servedName": "qwen3:8b"}))
+    assert "reserved for the 'model:adapter' syntax" in p["spec.model.servedName"]
+    validate_service(minimal("vllm", model={"name": "Qwen/Qwen3-8B", "servedName": "qwen3:8b"}))  # vLLM takes it
+    validate_service(minimal("sglang", model={"name": "Qwen/Qwen3-8B", "servedName": "qwen3-8b"}))

@@ -315,7 +315,7 @@ class ModelSpec(Base):
     served_name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._/:a-zA-Z0-9]+$")]] = Field(
         None,
         description="The model name clients send in requests. The same name is given to both engines and the router "
-        "and shown in status. Defaults to model.name.",
+        "and shown in status. Defaults to model.name. No ':' with SGLang (its 'model:adapter' LoRA syntax).",
     )
     source: ModelSource = obj(description="Where the weights come from.", default_factory=ModelSource)
     cache: Optional[ModelCache] = Field(
@@ -1182,6 +1182,15 @@ class PDInferenceServiceSpec(Base):
         ),
         _dp_attention_rule("prefill"),
         _dp_attention_rule("decode"),
+        Rule(
+            # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
+            cel="self.engine.kind != 'sglang' || !has(self.model.servedName) || !self.model.servedName.contains(':')",
+            message="SGLang refuses a served model name with a colon: \"served_model_name cannot contain a colon (':') "
+            "character. The colon is reserved for the 'model:adapter' syntax used in LoRA adapter specification\": "
+            "choose a model.servedName without ':'",
+            check=lambda s: s.engine.kind != "sglang" or ":" not in (s.model.served_name or ""),
+            field_path=".model.servedName",
+        ),
         Rule(
             cel="!has(self.kvTransfer.mooncake.protocol) || self.kvTransfer.mooncake.protocol != 'rdma' || "
             "has(self.kvTransfer.rdma.resourceName) || (has(self.kvTransfer.rdma.ibDevices) && size(self.kvTransfer.rdma.ibDevices) > 0) || "
