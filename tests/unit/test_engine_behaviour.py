@@ -334,6 +334,41 @@ def test_sglang_health_probe_does_not_generate():
         assert {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"} in c["env"]
 
 
+def test_sglang_startup_and_readiness_probe_ready():
+    # http_server.py:714-718 /ready -> tokenizer_manager.py:729-734 is_ready: 200 only when
+    # Up, not draining, not paused; /health (generation off) stays 200 for a server left
+    # UnHealthy by a failed PD warmup (http_server.py:2515-2529). vLLM has /health only.
+    for role in ("prefill", "decode"):
+        c = container(minimal("sglang"), role)
+        assert c["startupProbe"]["httpGet"]["path"] == "/ready"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+        v = container(minimal("vllm"), role)
+        assert {v[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {"/health"}
+
+
+def test_the_simulated_sglang_serves_ready_like_sglang():
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from pd_operator_tools.enginesim.__main__ import config_from_argv
+    from pd_operator_tools.enginesim.server import SimServer
+
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--api-key", "k",
+            "--disaggregation-mode", "decode"]
+
+    async def run() -> list[int]:
+        server = SimServer(config_from_argv(argv))
+        async with TestClient(TestServer(server.app())) as client:
+            codes = [(await client.get("/ready")).status]       # no API key needed (utils/auth.py:102-104)
+            server.draining = True                               # SIGTERM: gracefully_exit
+            codes.append((await client.get("/ready")).status)
+            return codes
+
+    assert asyncio.run(run()) == [200, 503]
+
+
 def test_probe_timing_per_pool():
     obj = minimal("sglang", decode={"probes": {"liveness": {"periodSeconds": 30, "timeoutSeconds": 20, "failureThreshold": 10}}})
     live = container(obj, "decode")["livenessProbe"]

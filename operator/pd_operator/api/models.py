@@ -673,7 +673,8 @@ class DecodeAutoscaling(PoolAutoscaling):
 
 
 class ProbeTiming(Base):
-    """Timing of one Kubernetes probe of the engine's /health."""
+    """Timing of one Kubernetes probe of the engine: liveness on /health; readiness (and startup) on /health for
+    vLLM, on /ready for SGLang."""
 
     period_seconds: int = Field(description="How often the probe runs.", ge=1, le=3600)
     timeout_seconds: int = Field(description="How long one probe may take.", ge=1, le=3600)
@@ -686,7 +687,9 @@ class ProbesSpec(Base):
 
     liveness: ProbeTiming = obj(description="Liveness: a failing engine is restarted.",
                                 default_factory=lambda: ProbeTiming(period_seconds=10, timeout_seconds=5, failure_threshold=6))
-    readiness: ProbeTiming = obj(description="Readiness: a failing engine gets no new requests.",
+    readiness: ProbeTiming = obj(description="Readiness: a failing engine gets no new requests (vLLM /health; SGLang "
+                                 "/ready, which also fails while the engine drains, is paused or was left unhealthy "
+                                 "by a failed warmup).",
                                  default_factory=lambda: ProbeTiming(period_seconds=5, timeout_seconds=5, failure_threshold=3))
 
 

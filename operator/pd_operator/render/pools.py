@@ -258,8 +258,8 @@ def _pod_template(svc: PDInferenceService, engine: EngineAdapter, role: str, com
     }
     if serves_http:
         container.update({
-            "startupProbe": _probe("/health", STARTUP_PERIOD_S, startup_failures(svc)),
-            "readinessProbe": _probe("/health", pool.probes.readiness.period_seconds, pool.probes.readiness.failure_threshold,
+            "startupProbe": _probe(engine.ready_path(), STARTUP_PERIOD_S, startup_failures(svc)),
+            "readinessProbe": _probe(engine.ready_path(), pool.probes.readiness.period_seconds, pool.probes.readiness.failure_threshold,
                                      pool.probes.readiness.timeout_seconds),
             "livenessProbe": _probe("/health", pool.probes.liveness.period_seconds, pool.probes.liveness.failure_threshold,
                                     pool.probes.liveness.timeout_seconds),

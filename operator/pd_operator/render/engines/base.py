@@ -113,6 +113,11 @@ class EngineAdapter(ABC):
     def metrics_path(self) -> str:
         return "/metrics"
 
+    def ready_path(self) -> str:
+        """Path of the startup and readiness probes: 200 once the engine serves
+        requests and while it does (the liveness probe stays on /health)."""
+        return "/health"
+
     def config_files(self) -> dict[str, str]:
         """Files both pools read (file name -> text), shipped in one ConfigMap."""
         return {}

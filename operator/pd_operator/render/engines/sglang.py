@@ -186,5 +186,12 @@ class SGLangAdapter(EngineAdapter):
             ports.append((self.spec.kv_transfer.bootstrap_port, "kvTransfer.bootstrapPort", "the bootstrap server"))
         return ports
 
+    def ready_path(self) -> str:
+        # /ready (http_server.py ready -> tokenizer_manager.py is_ready): 200 only
+        # when started, Up, not draining and not paused. /health with generation off
+        # is 503 only while starting or draining: a server left UnHealthy by a
+        # failed PD warmup still answers 200 there, so readiness would send it traffic.
+        return "/ready"
+
     def flagset_argv(self) -> list[str]:
         return ["python3", "-m", "sglang.launch_server", "--model-path", "model"]

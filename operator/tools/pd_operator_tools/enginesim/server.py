@@ -181,6 +181,7 @@ class SimServer:
             r.add_get("/get_model_info", self.model_info)
             r.add_get("/model_info", self.model_info)
             r.add_get("/health_generate", self.health)
+            r.add_get("/ready", self.ready)
         return app
 
     async def start(self) -> None:
@@ -273,6 +274,17 @@ class SimServer:
             return web.Response(status=503)  # http_server.py health_generate: gracefully_exit
         if self.cfg.group is not None and not self.cfg.group.complete:
             return web.Response(status=503)  # a replica over nodes serves once every node joined (group.py)
+        return web.Response(status=200)
+
+    async def ready(self, _request: web.Request) -> web.Response:
+        """SGLang's /ready (http_server.py ready -> tokenizer_manager.py is_ready):
+        200 only when started and Up, not draining, not paused; no API key needed
+        (utils/auth.py). The sim is Up once its group is complete and is never
+        paused nor left UnHealthy by a failed warmup."""
+        if self.draining:
+            return web.Response(status=503)
+        if self.cfg.group is not None and not self.cfg.group.complete:
+            return web.Response(status=503)
         return web.Response(status=200)
 
     async def metrics(self, _request: web.Request) -> web.Response:
