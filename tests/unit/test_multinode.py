@@ -236,3 +236,20 @@ def test_per_rail_rdma_and_wide_ep_fabric_env():
     # a one-node pool without DeepEP gets no collective-fabric env
     one = workloads(minimal("sglang", kvTransfer=obj["spec"]["kvTransfer"]))["decode"]
     assert not any(e["name"].startswith(("NCCL_", "NVSHMEM_")) for e in one["spec"]["template"]["spec"]["containers"][0]["env"])
+
+
+def test_sglang_attention_dp_handshake_port_is_checked_and_bootstrap_is_on_the_leader_only():
+    # node 0 with attention DP binds the worker-ports handshake at the --dist-init-addr
+    # port + 13 (server_args.py:729, data_parallel_controller.py:508-509): a bootstrap
+    # port there is refused; only node 0 runs the bootstrap server (tokenizer_manager.py:806,
+    # managers/disagg_service.py:21-50), so the worker pods do not declare it
+    dp_prefill = {"tensorParallelSize": 16, "dataParallelSize": 16, "dataParallelAttention": True}
+    with pytest.raises(SpecError) as err:  # the port check runs with the render
+        workloads(sglang_wide_ep(prefill=dp_prefill, kvTransfer={"bootstrapPort": 20013}))
+    assert "port 20013" in dict(err.value.problems)["spec.kvTransfer.bootstrapPort"]
+    workloads(sglang_wide_ep(kvTransfer={"bootstrapPort": 20013}))  # no attention DP on prefill: no handshake
+    lws = workloads(sglang_wide_ep())["prefill"]["spec"]["leaderWorkerTemplate"]
+    ports = {side: {p["name"] for p in lws[side]["spec"]["containers"][0]["ports"]}
+             for side in ("leaderTemplate", "workerTemplate")}
+    assert "bootstrap" in ports["leaderTemplate"] and "bootstrap" not in ports["workerTemplate"]
+    assert "http" not in ports["workerTemplate"]

@@ -334,7 +334,9 @@ def leaderworkerset(svc: PDInferenceService, engine: EngineAdapter, role: str, r
     worker = _pod_template(svc, engine, role, engine.group_command(role, leader=False), serves_http=False)
     # Workers serve no API: without a readiness probe a worker is Ready once its
     # container runs; the leader's /health answers only once every node joined.
-    worker["spec"]["containers"][0]["ports"] = [p for p in worker["spec"]["containers"][0]["ports"] if p["name"] != "http"]
+    # Nor do they declare the ports only the leader listens on (SGLang: bootstrap).
+    worker["spec"]["containers"][0]["ports"] = [p for p in worker["spec"]["containers"][0]["ports"]
+                                                if p["name"] not in engine.leader_only_ports]
     for tmpl in (leader, worker):
         _prefer_group_domain(svc, role, tmpl["spec"])
     meta = metadata(svc, name, role)

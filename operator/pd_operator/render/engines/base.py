@@ -77,6 +77,10 @@ class EngineAdapter(ABC):
         """Extra container ports of a group's leader (the engine's multi-node rendezvous)."""
         return []
 
+    # Names of ports (of ``ports``) that only a group's leader listens on: a worker
+    # pod of a replica over several nodes does not declare them.
+    leader_only_ports: frozenset[str] = frozenset({"http"})
+
     @abstractmethod
     def engine_env(self, role: str) -> list[dict]:
         """Engine-specific environment of a role (KV transfer, auth)."""

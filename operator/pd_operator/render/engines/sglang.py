@@ -39,6 +39,10 @@ API_KEY_ENV = "PD_ENGINE_API_KEY"
 # serve no HTTP (http_server.py launch_server returns after the schedulers exit).
 DIST_INIT_PORT = 20000
 DIST_INIT_PORTS = 8
+# With attention DP, node 0 also answers the other nodes' worker-ports handshake
+# at the --dist-init-addr port + 13 (server_args.py DP_ATTENTION_HANDSHAKE_PORT_DELTA,
+# data_parallel_controller.py).
+DP_ATTENTION_HANDSHAKE_PORT_DELTA = 13
 
 
 class SGLangAdapter(EngineAdapter):
@@ -175,13 +179,22 @@ class SGLangAdapter(EngineAdapter):
             ports.append({"name": "bootstrap", "containerPort": self.spec.kv_transfer.bootstrap_port, "protocol": "TCP"})
         return ports
 
+    # Only node 0 runs the tokenizer manager, which starts the bootstrap server
+    # (managers/tokenizer_manager.py init_disaggregation -> managers/disagg_service.py);
+    # nodes of rank >= 1 return before it (entrypoints/engine.py).
+    leader_only_ports = frozenset({"http", "bootstrap"})
+
     def group_ports(self, role: str) -> list[dict]:
         return [{"name": "dist-init", "containerPort": DIST_INIT_PORT, "protocol": "TCP"}]
 
     def listen_ports(self, role: str) -> list[tuple[int, str, str]]:
         ports = super().listen_ports(role)
-        if self.pool(role).nodes(self.spec.topology.gpus_per_node) > 1:
+        pool = self.pool(role)
+        if pool.nodes(self.spec.topology.gpus_per_node) > 1:
             ports += [(DIST_INIT_PORT + i, "", f"SGLang's multi-node rendezvous port {DIST_INIT_PORT}+{i}") for i in range(DIST_INIT_PORTS)]
+            if pool.data_parallel_attention and pool.data_parallel_size > 1:
+                port = DIST_INIT_PORT + DP_ATTENTION_HANDSHAKE_PORT_DELTA
+                ports.append((port, "", f"SGLang's attention-DP port handshake {DIST_INIT_PORT}+{DP_ATTENTION_HANDSHAKE_PORT_DELTA}"))
         if role == "prefill":
             ports.append((self.spec.kv_transfer.bootstrap_port, "kvTransfer.bootstrapPort", "the bootstrap server"))
         return ports
