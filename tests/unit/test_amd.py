@@ -196,6 +196,21 @@ def test_moriio_with_several_router_replicas_is_refused():
     assert "spec.router.replicas" not in problems(moriio(router={"replicas": 1}))
 
 
+def test_moriio_with_data_parallel_ranks_whose_ports_collide_is_refused():
+    """MoRIIO binds base + DP rank + TP rank per rank (get_port_offset without tp_size), and
+    a dense model's DP ranks all run as rank 0: DP 2 x TP 2, or DP 2 on a dense model, binds
+    one port twice and the engine hangs at start. DP 1, or TP 1 with expert parallelism
+    (an MoE model keeps its DP ranks), is accepted."""
+    for pool in ({"dataParallelSize": 2, "tensorParallelSize": 2, "expertParallel": True},
+                 {"dataParallelSize": 2}):
+        obj = moriio(decode=pool)
+        msg = problems(obj).get("spec.decode.dataParallelSize")
+        assert msg and "MoRIIO" in msg and "expertParallel" in msg, problems(obj)
+        assert msg in cel_failures(obj)
+    for pool in ({"tensorParallelSize": 4}, {"dataParallelSize": 4, "expertParallel": True}):
+        assert "spec.decode.dataParallelSize" not in problems(moriio(decode=pool, router={"replicas": 2}))
+
+
 def test_discovery_address_is_managed():
     obj = moriio(router={"extraArgs": ["--vllm-discovery-address", "0.0.0.0:1"]})
     with pytest.raises(SpecError) as err:

@@ -259,8 +259,9 @@ def test_pool_env_wins_over_engine_env():
 # Ports an engine pod listens on: the API port (vLLM --port 8000, SGLang --port 30000);
 # the bootstrap server on prefill (SGLang --disaggregation-bootstrap-port; vLLM Mooncake
 # VLLM_MOONCAKE_BOOTSTRAP_PORT); vLLM NIXL side channel VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank
-# (nixl utils); MoRIIO handshake_port and notify_port + dp_rank * tp_size + tp_rank
-# (moriio_common.py). Two of them equal: the second bind fails at start.
+# (nixl utils); MoRIIO handshake_port and notify_port, each + dp_rank + tp_rank
+# (moriio_common.py get_port_offset, called without tp_size where the ports are bound).
+# Two of them equal: the second bind fails at start.
 @pytest.mark.parametrize("kind,spec,field", [
     ("sglang", {"kvTransfer": {"bootstrapPort": 30000}}, "spec.kvTransfer.bootstrapPort"),
     ("vllm", {"kvTransfer": {"backend": "mooncake", "bootstrapPort": 8000}}, "spec.kvTransfer.bootstrapPort"),
@@ -271,6 +272,10 @@ def test_pool_env_wins_over_engine_env():
     ("vllm", {"engine": {"kind": "vllm", "accelerator": "amd", "image": "rocm/vllm:x"},
               "kvTransfer": {"backend": "moriio", "moriio": {"handshakePort": 7000, "notifyPort": 6999}},
               "decode": {"tensorParallelSize": 2}}, "spec.kvTransfer.moriio.notifyPort"),
+    # TP rank 1's handshake listener: 7999 + 1 = the API port
+    ("vllm", {"engine": {"kind": "vllm", "accelerator": "amd", "image": "rocm/vllm:x"},
+              "kvTransfer": {"backend": "moriio", "moriio": {"handshakePort": 7999}},
+              "decode": {"tensorParallelSize": 2}}, "spec.kvTransfer.moriio.handshakePort"),
 ])
 def test_equal_ports_on_a_pod_are_refused(kind, spec, field):
     obj = minimal(kind, **spec)

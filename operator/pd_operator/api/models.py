@@ -1077,6 +1077,20 @@ def _pool_layout_rules(pool: str) -> tuple[Rule, ...]:
             field_path=f".{pool}.dataParallelSize",
         ),
         Rule(
+            # moriio_common.py get_port_offset(dp_rank, tp_rank) = dp_rank + tp_rank at the bind sites
+            # (moriio_connector.py side_channel_port, moriio_common.py notify_port), and a dense model's
+            # DP ranks all run as rank 0 (v1/engine/core.py reconfigure_for_independent_dp_rank)
+            cel=f"{_backend_cel()} != 'moriio' || {p}.dataParallelSize == 1 || "
+            f"({p}.tensorParallelSize == 1 && {p}.expertParallel)",
+            message=f"{pool}: vLLM's MoRIIO connector gives each rank the handshake and notify ports base + DP rank + "
+            "TP rank, so with dataParallelSize > 1 two ranks bind the same port (DP 1 / TP 0 and DP 0 / TP 1), and a "
+            "dense model's DP ranks all count as rank 0; the engine then hangs at start: set dataParallelSize 1, or "
+            "tensorParallelSize 1 with expertParallel true (an MoE model)",
+            check=lambda s: s.backend() != "moriio" or pool_of(s).data_parallel_size == 1
+            or (pool_of(s).tensor_parallel_size == 1 and pool_of(s).expert_parallel),
+            field_path=f".{pool}.dataParallelSize",
+        ),
+        Rule(
             cel=f"!has({p}.deepepMode) || {p}.expertParallel",
             message=f"{pool}.deepepMode is the all-to-all of expert parallelism: set {pool}.expertParallel true, or unset deepepMode",
             check=lambda s: pool_of(s).deepep_mode is None or pool_of(s).expert_parallel,

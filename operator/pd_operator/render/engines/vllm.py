@@ -238,9 +238,12 @@ class VLLMAdapter(EngineAdapter):
         elif backend == "mooncake" and role == "prefill":
             ports.append((kvt.bootstrap_port, "kvTransfer.bootstrapPort", "the Mooncake bootstrap server"))
         elif backend == "moriio":
-            ports.append((kvt.moriio.handshake_port, "kvTransfer.moriio.handshakePort", "the MoRIIO handshake port"))
-            # notify_port + dp_rank * tp_size + tp_rank (moriio_common.py get_port_offset)
-            n = pool.data_parallel_size * pool.tensor_parallel_size
+            # each rank binds handshake_port and notify_port + get_port_offset(dp_rank, tp_rank), which the
+            # bind sites call without tp_size: dp_rank + tp_rank (moriio_common.py, moriio_connector.py); with
+            # the pool rule on MoRIIO's DP (api/models.py) the offsets are 0 .. DP + TP - 2, one per rank
+            n = pool.data_parallel_size + pool.tensor_parallel_size - 1
+            ports += [(kvt.moriio.handshake_port + i, "kvTransfer.moriio.handshakePort", f"MoRIIO handshake port {i}")
+                      for i in range(n)]
             ports += [(kvt.moriio.notify_port + i, "kvTransfer.moriio.notifyPort", f"MoRIIO notify port {i}") for i in range(n)]
         return ports
 
