@@ -865,7 +865,10 @@ def _attn_tp_cel(pool: str) -> str:
 class PrefillPool(PoolSpec):
     """The prefill pool: reads prompts, fills KV cache, hands it to decode."""
 
-    termination_grace_period_seconds: int = Field(120, ge=0, le=86400, description="How long a stopping prefill pod may take to finish in-flight prefills (preStop drainSeconds included).")
+    termination_grace_period_seconds: int = Field(120, ge=0, le=86400, description="How long a stopping prefill pod may take to finish in-flight prefills (preStop drainSeconds included). "
+                                                  "SGLang keeps a prefill until decode has taken its KV, up to its 300 s "
+                                                  "SGLANG_DISAGGREGATION_WAITING_TIMEOUT: with decode backed up, requests still waiting "
+                                                  "when this ends are cut; raise it where decode can fall that far behind.")
     autoscaling: PrefillAutoscaling = obj(description="TTFT-driven autoscaling of the prefill pool.", default_factory=PrefillAutoscaling)
 
     rules = (_grace_rule("prefill"),)
