@@ -82,7 +82,6 @@ def test_examples_parse_with_the_real_parsers(path):
 @pytest.mark.parametrize(
     "spec",
     [
-        {"kvTransfer": {"backend": "mooncake"}},
         {"kvTransfer": {"backend": "moriio"}, "engine": {"kind": "vllm", "accelerator": "amd", "image": "rocm/vllm:x"}},
         {"kvTransfer": {"backend": "nixl", "nixl": {"backends": ["LIBFABRIC"]}}},
         {"prefill": {"pipelineParallelSize": 2, "dataParallelSize": 2, "maxRunningRequests": 128, "maxBatchedTokens": 8192,

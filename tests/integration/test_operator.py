@@ -313,7 +313,7 @@ def test_apply_without_replicas_keeps_a_scaled_pool(operator, namespace, custom_
 
 
 def test_invalid_spec_refused_by_the_api_server(crd, namespace, custom_objects, api_client):
-    body = service("bad", namespace, kvTransfer={"backend": "mooncake"},
+    body = service("bad", namespace,
                    prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 6, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}})
     with pytest.raises(ApiException) as info:
         create(custom_objects, body)

@@ -254,7 +254,8 @@ ALL_MESSAGES = _all_messages(SCHEMA)
     "spec_patch, message_part",
     [
         ({"prefill": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas must be <= maxReplicas"),
-        ({"kvTransfer": {"backend": "mooncake"}, "prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 6}}, "MooncakeConnector"),
+        ({"prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 6}}, "one tensorParallelSize divides the other"),
+        ({"kvTransfer": {"backend": "mooncake"}}, "kvTransfer.backend mooncake is refused with engine.kind vllm"),
         ({"engine": {"kind": "sglang"}, "prefill": {"tensorParallelSize": 3},
           "decode": {"tensorParallelSize": 4, "dataParallelSize": 2, "dataParallelAttention": True}}, "SGLang maps attention"),
         ({"decode": {"pipelineParallelSize": 2}}, "pipeline parallelism on decode"),

@@ -207,7 +207,7 @@ def test_children_no_longer_rendered_are_pruned_and_only_those(cluster, kube):
 
 
 def test_an_invalid_spec_is_reported_and_nothing_is_applied(cluster, kube):
-    cluster.apply_service(body(kvTransfer={"backend": "mooncake"}, prefill={"replicas": 1, "tensorParallelSize": 3},
+    cluster.apply_service(body(prefill={"replicas": 1, "tensorParallelSize": 3},
                                decode={"replicas": 1, "tensorParallelSize": 2}))  # neither TP divides the other
     events = Events()
     run(kube, events=events)

@@ -36,12 +36,26 @@ def test_autoscaling_enabled_needs_max():
     assert "maxReplicas" in p["spec.decode.autoscaling.maxReplicas"]
 
 
-def test_vllm_mooncake_tp_that_do_not_divide():
-    # MooncakeConnector _get_tp_ratio: 4/8 is fine, 4/6 asserts
-    validate_service(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8}))
-    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 6}))
+def test_vllm_tp_that_do_not_divide():
+    # NixlConnector TransferTopology.tp_ratio: 4/8 is fine, 4/6 asserts
+    validate_service(minimal(prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 8}))
+    p = problems(minimal(prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 6}))
     msg = p["spec.decode.tensorParallelSize"]
-    assert "MooncakeConnector" in msg and "divides the other" in msg
+    assert "NixlConnector" in msg and "divides the other" in msg
+
+
+def test_vllm_with_mooncake_is_refused():
+    # vllm-router 0.1.17 fills its Mooncake bootstrap table only for static --prefill
+    # URLs (VllmPDRouter::new); discovered prefill pods (add_prefill_server) never get an
+    # entry, so decode requests go without kv_transfer_params (tests/contract/FACTS.md,
+    # "vllm-router and Mooncake").
+    p = problems(minimal(kvTransfer={"backend": "mooncake"}))
+    msg = p["spec.kvTransfer.backend"]
+    assert "kvTransfer.backend mooncake is refused with engine.kind vllm" in msg
+    assert "discovers" in msg and "use kvTransfer.backend nixl" in msg
+    # SGLang is not affected: sglang-router 0.3.2 puts the chosen prefill's bootstrap host and
+    # port into each request (routers/http/pd_router.rs:211-258)
+    validate_service(minimal("sglang", kvTransfer={"backend": "mooncake"}))
 
 
 def test_sglang_mooncake_unequal_tp_is_fine():
@@ -78,9 +92,10 @@ def test_vllm_tp_larger_than_a_node():
 
 
 def test_vllm_tp_times_pp_larger_than_a_node():
-    p = problems(minimal(kvTransfer={"backend": "mooncake"}, decode={"tensorParallelSize": 8, "pipelineParallelSize": 2},
-                         prefill={"tensorParallelSize": 8}))
-    assert list(p) == ["spec.decode.dataParallelSize"]
+    # (on prefill: NixlConnector refuses pipeline parallelism on decode)
+    p = problems(minimal(prefill={"tensorParallelSize": 8, "pipelineParallelSize": 2},
+                         decode={"tensorParallelSize": 8}))
+    assert list(p) == ["spec.prefill.dataParallelSize"]
 
 
 def test_bigger_nodes_allow_bigger_replicas():
@@ -147,9 +162,9 @@ def test_secret_literal_env_has_no_valuefrom_mix():
 
 
 def test_all_problems_reported_at_once():
-    p = problems(minimal(kvTransfer={"backend": "mooncake"}, prefill={"tensorParallelSize": 6}, decode={"tensorParallelSize": 16}))
-    # the Mooncake TP rule and vLLM's span-nodes-by-DP rule both fail, both reported
-    assert "MooncakeConnector" in p["spec.decode.tensorParallelSize"]
+    p = problems(minimal(prefill={"tensorParallelSize": 6}, decode={"tensorParallelSize": 16}))
+    # the TP rule and vLLM's span-nodes-by-DP rule both fail, both reported
+    assert "NixlConnector" in p["spec.decode.tensorParallelSize"]
     assert "dataParallelSize must be a multiple of the nodes" in p["spec.decode.dataParallelSize"]
 
 

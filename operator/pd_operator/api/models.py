@@ -521,13 +521,14 @@ class KVTransferSpec(Base):
 
     backend: Optional[Literal["nixl", "mooncake", "lmcache", "moriio"]] = Field(
         None,
-        description="KV transfer backend. vllm: nixl (default), mooncake, lmcache, moriio (ROCm only); "
+        description="KV transfer backend. vllm: nixl (default), lmcache, moriio (ROCm only); mooncake is refused with "
+        "vllm (vllm-router 0.1.17 hands Mooncake KV to decode only for static prefill URLs, not discovered pods); "
         "sglang: mooncake (default), nixl.",
     )
     bootstrap_port: int = Field(
         8998, ge=1024, le=65535,
         description="Bootstrap port the prefill servers listen on and decode connects to "
-        "(SGLang with any backend; vLLM with mooncake).",
+        "(SGLang, any backend).",
     )
     nixl: NixlOptions = obj(description="Options for backend nixl.", default_factory=NixlOptions)
     mooncake: MooncakeOptions = obj(description="Options for backend mooncake.", default_factory=MooncakeOptions)
@@ -1167,6 +1168,16 @@ class PDInferenceServiceSpec(Base):
             field_path=".kvTransfer.backend",
         ),
         Rule(
+            cel=f"self.engine.kind != 'vllm' || {_backend_cel()} != 'mooncake'",
+            message="kvTransfer.backend mooncake is refused with engine.kind vllm: the pinned vllm-router "
+            f"{ROUTER_VERSIONS['vllm-router']} asks a Mooncake prefill for its bootstrap address only for static "
+            "--prefill URLs, never for the prefill pods it discovers, so decode would get no kv_transfer_params and "
+            "compute every prompt again (no disaggregation, and no error): use kvTransfer.backend nixl (or lmcache) "
+            "with vllm, or engine.kind sglang for Mooncake",
+            check=lambda s: s.engine.kind != "vllm" or s.backend() != "mooncake",
+            field_path=".kvTransfer.backend",
+        ),
+        Rule(
             cel="self.engine.kind != 'vllm' || (self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 || "
             "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0)",
             message="vLLM's KV connectors (NixlConnector, MooncakeConnector) map tensor-parallel ranks between prefill and decode "
@@ -1224,7 +1235,7 @@ class PDInferenceServiceSpec(Base):
         Rule(
             cel=f"{_backend_cel()} != 'moriio' || self.engine.accelerator == 'amd'",
             message="kvTransfer.backend moriio (vLLM MoRIIOConnector) runs on AMD ROCm only: set engine.accelerator amd "
-            "with a ROCm vLLM image, or use nixl or mooncake on NVIDIA GPUs",
+            "with a ROCm vLLM image, or use nixl on NVIDIA GPUs",
             check=lambda s: s.backend() != "moriio" or s.engine.accelerator == "amd",
             field_path=".kvTransfer.backend",
         ),

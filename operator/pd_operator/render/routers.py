@@ -127,7 +127,8 @@ class VLLMRouter(RouterAdapter):
     flagset_component = "vllm-router"
 
     def kv_connector(self) -> str:
-        # vllm-router knows nixl, mooncake and moriio; the lmcache backend
+        # vllm-router knows nixl, mooncake and moriio (mooncake is refused with
+        # vllm: a rule in api/models.py, FACTS.md "vllm-router and Mooncake"); the lmcache backend
         # hands KV from prefill to decode over NIXL (LMCache is the cache tier).
         backend = self.spec.backend()
         return "nixl" if backend == "lmcache" else backend
