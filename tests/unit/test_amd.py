@@ -179,6 +179,28 @@ def test_moriio_router_policy_lets_the_engines_register():
     assert {"key": "pdserving.io/role", "operator": "In", "values": ["prefill", "decode"]} in sel["matchExpressions"]
 
 
+def test_moriio_router_gets_ready_from_its_registrations():
+    """In discovery mode vllm-router 0.1.17's /readiness counts the static worker
+    registry, which stays empty (503 forever); /health counts the registered
+    workers. The registrations reach the router through the discovery Service
+    before it is Ready, and a rollout replaces the pod rather than surging a
+    second one the engines' connections never reach (FACTS.md, "MoRIIO and
+    vllm-router discovery")."""
+    objs = render(validate_service(moriio()))
+    dep = by_kind(objs)[("Deployment", "svc-router")]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/liveness"
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert by_kind(objs)[("Service", "svc-router-discovery")]["spec"]["publishNotReadyAddresses"] is True
+    # the client Service still sends requests to a Ready router only
+    assert "publishNotReadyAddresses" not in by_kind(objs)[("Service", "svc-router")]["spec"]
+    # pod discovery (every other backend): /readiness and a surge rollout, as before
+    other = by_kind(render(validate_service(minimal(engine=AMD, kvTransfer={"backend": "nixl"}))))[("Deployment", "svc-router")]
+    assert other["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert other["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+
+
 def test_other_backends_get_no_discovery_service():
     objs = render(validate_service(minimal(engine=AMD, kvTransfer={"backend": "nixl"})))
     assert ("Service", "svc-router-discovery") not in by_kind(objs)

@@ -76,6 +76,10 @@ class RouterAdapter(ABC):
         """The port workers register on (ZMQ), when they register themselves."""
         return None
 
+    def readiness_path(self) -> str:
+        """The router's readiness endpoint: 503 until it holds a healthy prefill and decode worker."""
+        return "/readiness"
+
     def command(self) -> list[str]:
         if self.spec.engine.api_key_secret_ref:
             # --api-key reads no environment variable: the launcher appends it
@@ -150,6 +154,12 @@ class VLLMRouter(RouterAdapter):
         # With --vllm-discovery-address the router is built in discovery mode and
         # takes its workers from the registrations only: pod discovery is left off.
         return ["--vllm-discovery-address", f"0.0.0.0:{port}"]
+
+    def readiness_path(self) -> str:
+        # In discovery mode /readiness counts the static worker registry, which
+        # stays empty: 503 forever. /health counts the registered workers
+        # (tests/contract/FACTS.md, "MoRIIO and vllm-router discovery").
+        return "/readiness" if self.registration_port() is None else "/health"
 
     def key_env_names(self) -> list[str]:
         # vllm-router 0.1.17 sends --api-key only on its /render calls; the PD
@@ -227,7 +237,7 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
         ] + ([{"name": "discovery", "containerPort": router.registration_port(), "protocol": "TCP"}]
              if router.registration_port() else []),
-        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": router.readiness_path(), "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
         "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
         "securityContext": {
@@ -248,7 +258,7 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
         "spec": {
             "replicas": spec.router.replicas,
             "selector": {"matchLabels": selector_labels(svc, "router")},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "strategy": _strategy(router),
             "template": {
                 "metadata": {
                     "labels": metadata(svc, name, "router")["labels"],
@@ -268,6 +278,15 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
             },
         },
     }
+
+
+def _strategy(router: RouterAdapter) -> dict:
+    if router.registration_port() is not None:
+        # Workers register over one long-lived connection each, through the
+        # discovery Service: a surge pod would get none of them while the old
+        # pod lives, so it would never be Ready and the rollout would stall.
+        return {"type": "Recreate"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
 
 
 def service(svc: PDInferenceService) -> dict:
@@ -301,6 +320,9 @@ def discovery_service(svc: PDInferenceService, router: RouterAdapter) -> list[di
         "metadata": metadata(svc, child_name(svc, "router-discovery"), "router"),
         "spec": {
             "type": "ClusterIP",
+            # the router is Ready only once workers have registered: the
+            # registrations must reach it before then
+            "publishNotReadyAddresses": True,
             "selector": selector_labels(svc, "router"),
             "ports": [{"name": "discovery", "port": port, "targetPort": "discovery", "protocol": "TCP"}],
         },
