@@ -61,6 +61,32 @@ def test_grace_period_too_short_to_drain_is_refused():
     assert "drainSeconds + 16" in msg and "raise terminationGracePeriodSeconds" in msg
 
 
+# sglang-router 0.3.2 server.rs:1027-1031: on SIGTERM, graceful_shutdown(Some(
+# --shutdown-grace-period-secs)) (default 180, router_args.py:65), then open
+# streams are cut; vllm-router 0.1.17 server.rs:1270-1274: axum's
+# with_graceful_shutdown, no deadline: only the kubelet's SIGKILL ends it.
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+@pytest.mark.parametrize("pools", [{}, {"prefill": {"terminationGracePeriodSeconds": 1800},
+                                        "decode": {"terminationGracePeriodSeconds": 900, "drainSeconds": 30}}])
+def test_router_streams_as_long_as_the_engines_drain(kind, pools):
+    obj = minimal(kind, **pools)
+    spec = validate_service(obj).spec
+    dep = next(o for o in objects(obj) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("router"))
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    prestop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    longest = max(spec.prefill.termination_grace_period_seconds, spec.decode.termination_grace_period_seconds)
+    # a request the router streams when it is stopped may last as long as a stopping engine's
+    assert pod["terminationGracePeriodSeconds"] >= prestop + longest
+    window = flag(c["command"], "--shutdown-grace-period-secs")
+    if kind == "vllm":
+        assert window is None  # no such flag: it waits until the request ends
+        return
+    # sglang-router waits as long as any engine may drain, and exits before the SIGKILL
+    drains = [p.engine_shutdown_timeout() for p in (spec.prefill, spec.decode)]
+    assert max(drains) <= int(window) < pod["terminationGracePeriodSeconds"] - prestop
+
+
 def test_shutdown_timeout_is_managed():
     with pytest.raises(SpecError) as info:
         objects(minimal(engine={"kind": "vllm", "extraArgs": ["--shutdown-timeout", "0"]}))

@@ -181,14 +181,29 @@ class SGLangRouter(RouterAdapter):
         return ["--pd-disaggregation"]
 
     def extra_pd_args(self) -> list[str]:
-        # Let in-flight requests finish when the router pod is stopped.
-        return ["--shutdown-grace-period-secs", str(ROUTER_GRACE_S - 10)]
+        # Let in-flight requests finish when the router pod is stopped: as long
+        # as the engines may take (its default, 180 s, cut longer streams).
+        return ["--shutdown-grace-period-secs", str(router_grace_seconds(self.svc) - ROUTER_PRESTOP_S - ROUTER_EXIT_MARGIN_S)]
 
     def uses_bootstrap(self) -> bool:
         return True  # every SGLang PD backend bootstraps through the prefill server
 
 
-ROUTER_GRACE_S = 190
+ROUTER_PRESTOP_S = 5       # the router pod's preStop sleep: the Service drops it before SIGTERM
+ROUTER_EXIT_MARGIN_S = 10  # of the grace period, kept for sglang-router's exit after its own deadline
+
+
+def router_grace_seconds(svc: PDInferenceService) -> int:
+    """The router pod's terminationGracePeriodSeconds: its preStop sleep plus the
+    longest grace period of the pools, so a request the router is streaming when
+    it is stopped may run as long as a stopping engine may (sglang-router waits
+    --shutdown-grace-period-secs, vllm-router 0.1.17 waits with no deadline of its
+    own: tests/contract/FACTS.md, "SIGTERM")."""
+    spec = svc.spec
+    return ROUTER_PRESTOP_S + max(spec.prefill.termination_grace_period_seconds,
+                                  spec.decode.termination_grace_period_seconds)
+
+
 ROUTERS: dict[str, type[RouterAdapter]] = {"vllm-router": VLLMRouter, "sglang-router": SGLangRouter}
 
 
@@ -239,7 +254,7 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
              if router.registration_port() else []),
         "readinessProbe": {"httpGet": {"path": router.readiness_path(), "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
-        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -271,7 +286,7 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
                 "spec": {
                     "serviceAccountName": name,
                     "containers": [container],
-                    "terminationGracePeriodSeconds": ROUTER_GRACE_S,
+                    "terminationGracePeriodSeconds": router_grace_seconds(svc),
                     "enableServiceLinks": False,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
                 },
