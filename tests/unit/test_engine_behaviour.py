@@ -87,6 +87,25 @@ def test_router_streams_as_long_as_the_engines_drain(kind, pools):
     assert max(drains) <= int(window) < pod["terminationGracePeriodSeconds"] - prestop
 
 
+# sglang-router 0.3.2 service_discovery.rs:399-531: handle_pod_event acts only on a
+# Ready, Running pod (no else branch): a pod that turns NotReady stays a worker. Its
+# health checker (core/worker_registry.rs:641-683; core/worker.rs:735-744) marks it
+# unhealthy after --health-failure-threshold failed checks, one every
+# --health-check-interval-secs (defaults 3 and 60 s, router_args.py:84-88).
+def test_sglang_router_checks_the_engines_as_the_readiness_probe_does():
+    obj = minimal("sglang", prefill={"probes": {"readiness": {"periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 4}}},
+                  decode={"probes": {"readiness": {"periodSeconds": 7, "timeoutSeconds": 3, "failureThreshold": 2}}})
+    dep = next(o for o in objects(obj) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("router"))
+    argv = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert flag(argv, "--health-check-interval-secs") == "2"    # the more frequent pool
+    assert flag(argv, "--health-failure-threshold") == "2"      # the fewer failures
+    assert flag(argv, "--health-check-timeout-secs") == "3"     # no pool cut shorter than its own probe
+    # the defaults (5 s, 3, 5 s): an engine is out within 15 s, not 180 s
+    dep = next(o for o in objects(minimal("sglang")) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("router"))
+    argv = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert int(flag(argv, "--health-check-interval-secs")) * int(flag(argv, "--health-failure-threshold")) == 15
+
+
 def test_shutdown_timeout_is_managed():
     with pytest.raises(SpecError) as info:
         objects(minimal(engine={"kind": "vllm", "extraArgs": ["--shutdown-timeout", "0"]}))

@@ -688,9 +688,12 @@ class ProbesSpec(Base):
 
     liveness: ProbeTiming = obj(description="Liveness: a failing engine is restarted.",
                                 default_factory=lambda: ProbeTiming(period_seconds=10, timeout_seconds=5, failure_threshold=6))
-    readiness: ProbeTiming = obj(description="Readiness: a failing engine gets no new requests (vLLM /health; SGLang "
+    readiness: ProbeTiming = obj(description="Readiness: a failing engine is marked NotReady (vLLM /health; SGLang "
                                  "/ready, which also fails while the engine drains, is paused or was left unhealthy "
-                                 "by a failed warmup).",
+                                 "by a failed warmup). vllm-router drops a NotReady pod; sglang-router ignores NotReady "
+                                 "pods it already routes to, and its own health checks of the engines take a failing one "
+                                 "out, with the strictest pool's periodSeconds and failureThreshold and the largest "
+                                 "timeoutSeconds (router flags are global).",
                                  default_factory=lambda: ProbeTiming(period_seconds=5, timeout_seconds=5, failure_threshold=3))
 
 

@@ -266,8 +266,10 @@ def _pod_template(svc: PDInferenceService, engine: EngineAdapter, role: str, com
         })
     if pool.drain_seconds:
         # Kubelet's own sleep action: no shell needed in the image. The router
-        # sees the pod go unready/terminating and stops sending it requests
-        # while in-flight ones finish within terminationGracePeriodSeconds.
+        # sees the pod terminating and stops sending it requests (sglang-router:
+        # unless the pod had turned NotReady before, then only once its own
+        # health checks fail, routers.py health_check_args; FACTS.md) while
+        # in-flight ones finish within terminationGracePeriodSeconds.
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": pool.drain_seconds}}}
     container["securityContext"] = engine_security_context(engine.rdma_enabled())
 

@@ -183,7 +183,20 @@ class SGLangRouter(RouterAdapter):
     def extra_pd_args(self) -> list[str]:
         # Let in-flight requests finish when the router pod is stopped: as long
         # as the engines may take (its default, 180 s, cut longer streams).
-        return ["--shutdown-grace-period-secs", str(router_grace_seconds(self.svc) - ROUTER_PRESTOP_S - ROUTER_EXIT_MARGIN_S)]
+        return (["--shutdown-grace-period-secs", str(router_grace_seconds(self.svc) - ROUTER_PRESTOP_S - ROUTER_EXIT_MARGIN_S)]
+                + self.health_check_args())
+
+    def health_check_args(self) -> list[str]:
+        # sglang-router ignores a pod that turns NotReady (it only adds Ready
+        # pods): its own health checks of the workers' /health take a failing
+        # engine out, every 60 s and after 3 failures by default. Check as the
+        # kubelet's readiness probes do (the strictest pool; flags are global).
+        probes = [self.spec.pool(role).probes.readiness for role in ("prefill", "decode")]
+        return [
+            "--health-check-interval-secs", str(min(p.period_seconds for p in probes)),
+            "--health-failure-threshold", str(min(p.failure_threshold for p in probes)),
+            "--health-check-timeout-secs", str(max(p.timeout_seconds for p in probes)),
+        ]
 
     def uses_bootstrap(self) -> bool:
         return True  # every SGLang PD backend bootstraps through the prefill server
