@@ -229,6 +229,26 @@ def test_router_discovers_workers_by_label_selector():
         assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
+def test_router_watches_its_own_namespace_when_rendered_without_one():
+    # Without --service-discovery-namespace both routers watch every namespace
+    # (vllm-router service_discovery.rs:289-293, sglang-router :276-280: Api::all),
+    # which the namespaced Role forbids. pdctl render without -n knows no namespace:
+    # the router gets its pod's own through the downward API.
+    for kind in ("vllm", "sglang"):
+        obj = minimal(kind)
+        del obj["metadata"]["namespace"]
+        c = by_kind(render(validate_service(obj)))[("Deployment", "svc-router")]["spec"]["template"]["spec"]["containers"][0]
+        cmd = c["command"]
+        assert cmd[cmd.index("--service-discovery-namespace") + 1] == "$(POD_NAMESPACE)"
+        assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in c["env"]
+        # the only $(VAR) in the command is that one (no secret is expanded there)
+        assert [a for a in cmd if "$(" in a] == ["$(POD_NAMESPACE)"]
+        # with a namespace: the name itself, no extra variable
+        c = by_kind(render(validate_service(minimal(kind))))[("Deployment", "svc-router")]["spec"]["template"]["spec"]["containers"][0]
+        assert c["command"][c["command"].index("--service-discovery-namespace") + 1] == "ns"
+        assert "POD_NAMESPACE" not in {e["name"] for e in c.get("env", [])}
+
+
 def test_endpoint_and_client_service():
     svc = validate_service(minimal(router={"service": {"type": "LoadBalancer", "port": 443}}))
     assert endpoint(svc) == "http://svc-router.ns.svc:443/v1"

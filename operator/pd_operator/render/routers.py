@@ -25,6 +25,11 @@ from .launch import with_secret_flag
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 29000
 WORKER_KEY_ENV = "ROUTER_WORKER_API_KEY"
+# Without --service-discovery-namespace both routers watch all namespaces, which
+# the namespaced Role forbids. A service rendered with no namespace (pdctl render
+# without -n) gets the pod's own, from the downward API, expanded by the kubelet
+# in the command (not a secret: visible in argv is fine).
+NAMESPACE_ENV = "POD_NAMESPACE"
 
 
 class RouterAdapter(ABC):
@@ -64,9 +69,7 @@ class RouterAdapter(ABC):
 
     def discovery_args(self) -> list[str]:
         """How the router finds its workers: pods by label selector."""
-        argv = ["--service-discovery"]
-        if self.svc.metadata.namespace:
-            argv += ["--service-discovery-namespace", self.svc.metadata.namespace]
+        argv = ["--service-discovery", "--service-discovery-namespace", self.svc.metadata.namespace or f"$({NAMESPACE_ENV})"]
         argv += ["--service-discovery-port", str(self.engine.http_port)]
         argv += ["--prefill-selector", *self.selector_args("prefill")]
         argv += ["--decode-selector", *self.selector_args("decode")]
@@ -253,6 +256,8 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
     spec = svc.spec
     name = child_name(svc, "router")
     env = []
+    if f"$({NAMESPACE_ENV})" in router.args():
+        env.append({"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
     if spec.engine.api_key_secret_ref:
         env += [secret_env(n, spec.engine.api_key_secret_ref) for n in router.key_env_names()]
     container = {
