@@ -108,3 +108,60 @@ def test_node_affinity_operators_and_terms():
                                    {"key": product, "operator": "NotIn", "values": ["NVIDIA-H200"]}]}]
     assert fit.room(free, nodes, tmpl(anded), GPU) == 1
     assert fit.room(free, nodes, tmpl([{}]), GPU) == 0  # an empty term matches no node (core/v1 NodeSelectorTerm)
+
+
+def test_gpu_nodes_tainted_with_the_resource_name_take_the_rendered_pools():
+    """GKE taints GPU pools nvidia.com/gpu=present:NoSchedule and relies on the
+    ExtendedResourceToleration admission plugin, which gives a pod requesting the resource
+    a toleration for it. The renderer writes that toleration into the pool's template, so
+    the pods land there where the plugin is off too, and the fit, which reads the template,
+    counts those nodes (it counted none: a room of 0 held every scale-up)."""
+    from pd_operator.api import validate_service
+    from pd_operator.render import render
+    from tests.conftest import minimal
+
+    objs = render(validate_service(minimal()))
+    sts = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-decode"))
+    tmpl, size = fit.workload_template(sts)
+    gke = [node("gke-gpu", taints=[{"key": GPU, "value": "present", "effect": "NoSchedule"}])]
+    free = fit.free_gpus(gke, [], GPU)
+    assert fit.room(free, gke, tmpl, GPU) == 8 // fit.template_gpus(tmpl, GPU)
+    # a taint of another key, or NoExecute, is still not tolerated
+    other = [node("x", taints=[{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]),
+             node("y", taints=[{"key": GPU, "effect": "NoExecute"}])]
+    assert fit.room(fit.free_gpus(other, [], GPU), other, tmpl, GPU) == 0
+
+
+def test_init_containers_and_sidecars_count_as_the_scheduler_counts_them():
+    """k8s.io/component-helpers PodRequests: sidecars (restartPolicy Always) add to the
+    containers; an init container needs its own request plus the sidecars before it; the
+    pod reserves the larger; plus overhead. The fit counted containers only, and saw GPUs
+    free that the scheduler does not."""
+    def with_init(containers, inits, overhead=None):
+        spec = {"containers": [{"resources": {"requests": {GPU: str(g)}}} for g in containers],
+                "initContainers": [{"resources": {"requests": {GPU: str(g)}}, **({"restartPolicy": "Always"} if side else {})}
+                                   for g, side in inits]}
+        if overhead:
+            spec["overhead"] = {GPU: str(overhead)}
+        return {"spec": spec}
+
+    assert fit.template_gpus(with_init([0], [(8, False)]), GPU) == 8        # an init container holding 8
+    assert fit.template_gpus(with_init([4], [(4, True)]), GPU) == 8         # a sidecar next to the container
+    assert fit.template_gpus(with_init([1], [(2, True), (3, False)]), GPU) == 5  # init + the sidecar before it
+    assert fit.template_gpus(with_init([2], [], overhead=1), GPU) == 3
+    nodes = [node("a")]
+    busy = {**with_init([0], [(8, False)]), "status": {"phase": "Pending"}}
+    busy["spec"]["nodeName"] = "a"
+    assert fit.free_gpus(nodes, [busy], GPU) == {"a": 0}
+
+
+def test_gpus_no_node_advertises_make_the_room_unknown_not_zero():
+    """With NVIDIA's DRA driver the GPUs are devices in ResourceSlices and nodes list no
+    nvidia.com/gpu allocatable; the scheduler serves the extended-resource request through
+    the DeviceClass's extendedResourceName (DRAExtendedResource). The fit cannot count them:
+    unknown (no cap), not 0 (no scale-up ever). No eligible node at all is still 0."""
+    dra = [node("a"), node("b")]
+    for n in dra:
+        n["status"]["allocatable"] = {"cpu": "64"}
+    assert fit.room(fit.free_gpus(dra, [], GPU), dra, template(8), GPU) is None
+    assert fit.room(fit.free_gpus(dra, [], GPU), dra, template(8, selector={"pool": "none"}), GPU) == 0

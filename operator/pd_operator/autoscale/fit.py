@@ -9,9 +9,12 @@ replica is one pod, so it must fit on one node: its GPU request
 pods on it request. Nodes the pod cannot land on are left out: cordoned,
 not Ready, not matching the template's nodeSelector or its required node
 affinity (the renderer pins ``gpuProduct`` there, not in nodeSelector), or
-with a NoSchedule / NoExecute taint the template does not tolerate. What this
-does not see (other resources such as RDMA, pod affinity) the scheduler still
-decides; the Unschedulable guard of decide() covers it.
+with a NoSchedule / NoExecute taint the template does not tolerate (the
+renderer tolerates the taints named after the extended resources a pod
+requests, as the ExtendedResourceToleration admission plugin would). What this
+does not see (other resources such as RDMA, pod affinity, GPUs a DRA driver
+hands out: no node advertising the resource makes the room unknown) the
+scheduler still decides; the Unschedulable guard of decide() covers it.
 
 A pool whose replicas span nodes (a LeaderWorkerSet) grows by whole groups:
 one replica is ``size`` pods, each of which must fit on its own node, so the
@@ -41,14 +44,30 @@ def workload_template(workload: dict) -> tuple[dict, int]:
     return spec.get("template") or {}, 1
 
 
+def _container_gpus(c: dict, resource: str) -> int:
+    res = c.get("resources") or {}
+    return _quantity((res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource, 0)))
+
+
 def template_gpus(template: dict, resource: str) -> int:
-    """GPUs one pod of the template requests (all its containers)."""
+    """GPUs one pod (or pod template) requests, as the scheduler counts them
+    (k8s.io/component-helpers resource/helpers.go PodRequests): its containers
+    and its sidecars (init containers with restartPolicy Always) add up; an
+    ordinary init container, which runs before them, needs its own request plus
+    the sidecars started before it, and the pod reserves the larger of the two;
+    plus the pod's overhead."""
     spec = (template or {}).get("spec") or {}
-    total = 0
-    for c in spec.get("containers") or []:
-        res = c.get("resources") or {}
-        total += _quantity((res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource, 0)))
-    return total
+    total = sum(_container_gpus(c, resource) for c in spec.get("containers") or [])
+    sidecars = init = 0
+    for c in spec.get("initContainers") or []:
+        need = _container_gpus(c, resource)
+        if c.get("restartPolicy") == "Always":
+            total += need
+            sidecars += need
+            init = max(init, sidecars)
+        else:
+            init = max(init, need + sidecars)
+    return max(total, init) + _quantity((spec.get("overhead") or {}).get(resource, 0))
 
 
 def free_gpus(nodes: list[dict], pods: list[dict], resource: str) -> dict[str, int]:
@@ -136,7 +155,14 @@ def room(free: dict[str, int], nodes: list[dict], template: dict, resource: str,
     if per_pod <= 0:
         return None
     spec = (template or {}).get("spec") or {}
-    slots = sum(max(0, free.get(n["metadata"]["name"], 0)) // per_pod for n in nodes if _eligible(n, spec))
+    eligible = [n for n in nodes if _eligible(n, spec)]
+    if eligible and not any(resource in ((n.get("status") or {}).get("allocatable") or {}) for n in eligible):
+        # no node the pod may land on advertises the resource: GPUs handed out by a DRA
+        # driver (the scheduler's DRAExtendedResource: a DeviceClass with this
+        # extendedResourceName serves the request where no node lists it). Unknown, not
+        # zero: the Unschedulable guard stands in for the cap
+        return None
+    slots = sum(max(0, free.get(n["metadata"]["name"], 0)) // per_pod for n in eligible)
     return slots // max(1, group_size)
 
 

@@ -111,16 +111,23 @@ def _resources(svc: PDInferenceService, role: str) -> dict:
         # A limit alone is also the request (Kubernetes defaults it): keep it.
         if key not in requests and key not in limits:
             requests[key] = value
+    extended = _extended_resources(svc, role)
+    # Extended resources must be equal in requests and limits.
+    requests.update(extended)
+    limits.update(extended)
+    return {"requests": requests, "limits": limits}
+
+
+def _extended_resources(svc: PDInferenceService, role: str) -> dict[str, int]:
+    """The extended resources one pod of the pool requests: its GPUs and RDMA devices."""
+    spec = svc.spec
     extended = {spec.gpu_resource_name(): gpu_count(svc, role)}
     rdma = spec.kv_transfer.rdma
     if rdma.resource_name:
         extended[rdma.resource_name] = rdma.count
     for rail in rdma.rail_resource_names:
         extended[rail] = extended.get(rail, 0) + 1
-    # Extended resources must be equal in requests and limits.
-    requests.update(extended)
-    limits.update(extended)
-    return {"requests": requests, "limits": limits}
+    return extended
 
 
 def _affinity(svc: PDInferenceService, role: str) -> dict:
@@ -295,8 +302,17 @@ def _pod_template(svc: PDInferenceService, engine: EngineAdapter, role: str, com
     ]
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
-    if pool.tolerations:
-        pod_spec["tolerations"] = [t.dump() for t in pool.tolerations]
+    tolerations = [t.dump() for t in pool.tolerations]
+    # What the ExtendedResourceToleration admission plugin adds to a pod that requests an
+    # extended resource (plugin/pkg/admission/extendedresourcetoleration): nodes tainted
+    # with the resource's name (GKE's GPU pools: nvidia.com/gpu=present:NoSchedule) are
+    # meant for exactly these pods. Rendered, so pods land there where the plugin is off
+    # too, and the free-GPU fit (autoscale/fit.py) reads the same tolerations as the pods.
+    for name in _extended_resources(svc, role):
+        own = {"key": name, "operator": "Exists", "effect": "NoSchedule"}
+        if own not in tolerations:
+            tolerations.append(own)
+    pod_spec["tolerations"] = tolerations
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
     return apply_overlay(svc, engine, role, {"metadata": {"labels": labels(svc, role), "annotations": annotations},
