@@ -378,3 +378,13 @@ def test_one_services_failure_does_not_stop_the_round_for_the_others():
     scaler = Autoscaler(kube, Both(ttft=3.0, itl=0.2), lambda *a: None, clock=lambda: 1000.0)
     scaler.run_once([first, second], force=True)  # svc's write fails first
     assert kube.replicas["other-decode"] > 1
+
+
+def test_with_the_free_gpu_cap_off_the_cluster_is_not_read_and_nothing_caps_a_scale_up():
+    kube = FakeKube(gpu_view=([], []))  # a cluster whose nodes are all gone: the cap would be 0
+    Autoscaler(kube, Signals(ttft=3.0, itl=0.2), lambda *a: None, clock=lambda: 1000.0,
+               free_gpu_cap=False).run_once([body()], force=True)
+    assert kube.replicas["svc-decode"] > 1
+    capped = FakeKube(gpu_view=([], []))
+    Autoscaler(capped, Signals(ttft=3.0, itl=0.2), lambda *a: None, clock=lambda: 1000.0).run_once([body()], force=True)
+    assert capped.replicas["svc-decode"] == 1

@@ -513,3 +513,20 @@ def test_image_pins_every_runtime_dependency():
 
     assert chart_meta["appVersion"] == __version__  # the image tag the chart defaults to
     assert values["image"]["repository"] == "ghcr.io/pd-operator/pd-operator"
+
+
+def test_the_free_gpu_cap_can_be_turned_off_for_node_autoscaled_clusters():
+    """A cluster autoscaler or Karpenter adds GPU nodes for Pending pods: with the cap a pool
+    could never ask for them. The chart passes --no-free-gpu-cap, which the operator's
+    parser takes, only when freeGPUCap is false."""
+    from pd_operator.controller.main import build_parser
+
+    parse_args = build_parser().parse_args
+    def args(*sets):
+        (deploy,) = by_kind(template(*sets), "Deployment")
+        return deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert "--no-free-gpu-cap" not in args()
+    off = args("autoscaling.freeGPUCap=false")
+    assert "--no-free-gpu-cap" in off
+    assert parse_args(off).free_gpu_cap is False and parse_args(args()).free_gpu_cap is True

@@ -179,8 +179,9 @@ class Autoscaler:
 
     def __init__(self, kube: Kube, signals: SignalFn, event: EventFn, clock: Callable[[], float] = time.time,
                  query_deadline: float = QUERY_DEADLINE_SECONDS, token_urls: list[str] | tuple[str, ...] = (),
-                 diagnosis: DiagnosisFn | None = None):
+                 diagnosis: DiagnosisFn | None = None, free_gpu_cap: bool = True):
         self.kube, self.signals, self.event, self.clock = kube, signals, event, clock
+        self.free_gpu_cap = free_gpu_cap  # off: nodes are added on demand (cluster autoscaler, Karpenter)
         # the Serving condition (autoscale/diagnose.py): one query per signal and
         # (Prometheus, engine, router) for every service that names a Prometheus
         self.diagnosis = Queries(lambda prom, engine, router, secondaries=frozenset(): diagnosis(prom, engine, router)) \
@@ -228,7 +229,9 @@ class Autoscaler:
     def gpu_view(self) -> GPUView | None:
         """The cluster's free GPUs for this round; None when the operator may not
         list nodes and all pods (a namespace-scoped install): no cap then, the
-        Unschedulable guard still holds."""
+        Unschedulable guard still holds. None too when the cap is off (--no-free-gpu-cap)."""
+        if not self.free_gpu_cap:
+            return None
         try:
             view = self.kube.cluster_gpu_view()
         except Exception as err:  # noqa: BLE001 - the cap is an extra, never a reason to stop deciding

@@ -273,6 +273,7 @@ def start_loops(memo: kopf.Memo, **_) -> None:
                      kwargs={"health": HEALTH, "max_age": 3 * RESYNC_SECONDS + 600},
                      name="resync", daemon=True).start()
     autoscaler = Autoscaler(kube(), prometheus_signals(), post_event, token_urls=STATE.get("token_urls", ()),
+                            free_gpu_cap=STATE.get("free_gpu_cap", True),
                             diagnosis=prometheus_diagnosis())
     STATE["autoscaler"] = autoscaler
     threading.Thread(target=run_forever, args=(autoscaler, kube(), namespaces, stop, AUTOSCALE_TICK_SECONDS),

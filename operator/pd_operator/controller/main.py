@@ -24,6 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Prometheus endpoint that may receive the bearer token of a service's "
                         "spec.autoscaling.prometheus.bearerTokenSecretRef (repeatable; scheme, host, port and a path "
                         "prefix must match). None given: no token is ever read or sent")
+    p.add_argument("--free-gpu-cap", action=argparse.BooleanOptionalAction, default=True,
+                   help="cap a scale-up at the replicas the GPUs free now fit (default on); --no-free-gpu-cap "
+                        "where a cluster autoscaler or Karpenter adds GPU nodes for Pending pods (the cap would "
+                        "keep a pool from ever asking for them; the Unschedulable guard still holds)")
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
                    help="hold a coordination.k8s.io Lease to be the one replica that writes (default on; "
                         "the others watch and take over within --lease-duration seconds)")
@@ -58,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     handlers.STATE["namespaces"] = list(args.namespace)
     handlers.STATE["token_urls"] = list(args.prometheus_token_url)
+    handlers.STATE["free_gpu_cap"] = args.free_gpu_cap
     if args.leader_elect:
         import os
 

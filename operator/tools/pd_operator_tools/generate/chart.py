@@ -153,6 +153,11 @@ class Autoscaling(_M):
                     "service's spec.autoscaling.prometheus.bearerTokenSecretRef; the scheme, host and port must "
                     "match and the path start with the entry's. Empty: no token is ever read or sent, whatever "
                     "rbac.secretReads says (a spec cannot make the operator hand a Secret to a URL of its choosing).")
+    free_gpu_cap: bool = Field(
+        True, alias="freeGPUCap",
+        description="Cap a scale-up at the replicas the GPUs free now fit (needs rbac.scope cluster to read nodes "
+                    "and pods). false where a cluster autoscaler or Karpenter adds GPU nodes for Pending pods: the "
+                    "cap would keep a pool from ever asking for them (the Unschedulable guard still holds).")
 
 
 class LeaderElection(_M):
