@@ -55,7 +55,9 @@ import sys
 DEFAULT_PROFILE = "hgx-h200"
 
 # GFD's label set on a fully working NVIDIA node (GPU Operator defaults:
-# sharing off, MIG strategy none), for one GPU model.
+# sharing off, MIG strategy single -- deployments/gpu-operator/values.yaml
+# mig.strategy -- which GFD writes even where no GPU is in MIG mode,
+# internal/lm/strategy.go; no vGPU, internal/lm/vgpu.go), for one GPU model.
 _CUDA = {"driver": ("570", "133", "20"), "runtime": ("12", "8")}
 
 
@@ -74,6 +76,8 @@ def _gfd_labels(product: str, count: int, memory_mib: int, major: int, minor: in
         "nvidia.com/gpu.machine": machine,
         "nvidia.com/gpu.mode": "compute",
         "nvidia.com/mig.capable": "true",
+        "nvidia.com/mig.strategy": "single",
+        "nvidia.com/vgpu.present": "false",
         "nvidia.com/mps.capable": "false",
         "nvidia.com/cuda.driver.major": drv[0],
         "nvidia.com/cuda.driver.minor": drv[1],
