@@ -100,6 +100,7 @@ def test_sglang_router_checks_the_engines_as_the_readiness_probe_does():
     assert flag(argv, "--health-check-interval-secs") == "2"    # the more frequent pool
     assert flag(argv, "--health-failure-threshold") == "2"      # the fewer failures
     assert flag(argv, "--health-check-timeout-secs") == "3"     # no pool cut shorter than its own probe
+    assert flag(argv, "--health-check-endpoint") == "/ready"    # the readiness probe's path, not /health
     # the defaults (5 s, 3, 5 s): an engine is out within 15 s, not 180 s
     dep = next(o for o in objects(minimal("sglang")) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("router"))
     argv = dep["spec"]["template"]["spec"]["containers"][0]["command"]

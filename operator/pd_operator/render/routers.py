@@ -193,9 +193,12 @@ class SGLangRouter(RouterAdapter):
         # sglang-router ignores a pod that turns NotReady (it only adds Ready
         # pods): its own health checks of the workers' /health take a failing
         # engine out, every 60 s and after 3 failures by default. Check as the
-        # kubelet's readiness probes do (the strictest pool; flags are global).
+        # kubelet's readiness probes do (the strictest pool; flags are global),
+        # on the readiness probe's path (SGLang /ready: /health stays 200 on an
+        # engine a failed warmup left unhealthy).
         probes = [self.spec.pool(role).probes.readiness for role in ("prefill", "decode")]
         return [
+            "--health-check-endpoint", self.engine.ready_path(),
             "--health-check-interval-secs", str(min(p.period_seconds for p in probes)),
             "--health-failure-threshold", str(min(p.failure_threshold for p in probes)),
             "--health-check-timeout-secs", str(max(p.timeout_seconds for p in probes)),
