@@ -337,6 +337,8 @@ def test_a_replica_that_leads_again_starts_from_status_not_from_its_old_memory()
     a.run_once([b_now], force=True)
     assert kube.replicas["svc-decode"] == up
     assert kube.status["decode"]["autoscaler"]["recommendations"][-2][1] == up  # B's record kept
+    # and B's last scale, which A's status apply would otherwise drop (it omitted the fields)
+    assert kube.status["decode"]["lastScaleTime"] == b_now["status"]["decode"]["lastScaleTime"]
 
 
 def test_a_round_does_not_scale_a_service_edited_or_deleted_while_its_queries_ran():

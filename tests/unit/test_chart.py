@@ -530,3 +530,33 @@ def test_the_free_gpu_cap_can_be_turned_off_for_node_autoscaled_clusters():
     off = args("autoscaling.freeGPUCap=false")
     assert "--no-free-gpu-cap" in off
     assert parse_args(off).free_gpu_cap is False and parse_args(args()).free_gpu_cap is True
+
+
+def test_a_renewal_period_the_renew_deadline_cannot_cover_is_refused():
+    """The leader writes only within leaseDuration - renew of its last renewal, and renews
+    every renew seconds: renew must be under half the duration, or the leader would refuse
+    its own writes for part of every cycle. Both the chart and the operator's flags refuse it."""
+    import pytest as _pytest
+
+    from pd_operator.controller.main import main
+
+    bad = helm("template", "pd-operator", str(CHART), "--set", "leaderElection.renewSeconds=8", check=False)
+    assert bad.returncode != 0 and "under half" in bad.stderr
+    assert by_kind(template("leaderElection.renewSeconds=7"), "Deployment")
+    with _pytest.raises(SystemExit):
+        main(["--lease-duration", "15", "--lease-renew", "8"])
+
+
+def test_a_release_upgraded_with_reuse_values_keeps_the_free_gpu_cap():
+    """helm upgrade --reuse-values from a release made before autoscaling.freeGPUCap existed
+    has no such key: the cap stays on (only an explicit false turns it off)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write("autoscaling:\n  prometheusTokenURLs: []\n")
+        f.flush()
+        # the chart's own default filled in by helm, then removed as --reuse-values would
+        argv = ["template", "pd-operator", str(CHART), "--set", "autoscaling.freeGPUCap=null", "-f", f.name]
+        docs = [d for d in yaml.safe_load_all(helm(*argv).stdout) if d]
+    (deploy,) = by_kind(docs, "Deployment")
+    assert "--no-free-gpu-cap" not in deploy["spec"]["template"]["spec"]["containers"][0]["args"]

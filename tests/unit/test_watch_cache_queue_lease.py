@@ -723,3 +723,62 @@ def test_a_service_deleted_while_it_is_reconciled_leaves_nothing_behind(monkeypa
     monkeypatch.setattr(handlers, "reconcile", deleted_midway)
     handlers.process((NS, "brief"))
     assert len(OWNED) == before and OWNED.get(NS, "brief", "StatefulSet", "brief-decode") is None
+
+
+def test_a_released_lease_is_not_taken_again_by_a_later_round():
+    """A clean shutdown releases the Lease once its writes are done; a round of the lease
+    loop after that (its thread still running) must not take the free Lease back."""
+    store, clock = LeaseApi(), Clock()
+    a = LeaderElector(store.client("a"), NS, identity="a", clock=clock)
+    assert a.try_once()
+    a.release()
+    assert store.lease["spec"]["holderIdentity"] == ""
+    clock.t += 5
+    assert a.try_once() is False and store.lease["spec"]["holderIdentity"] == ""
+
+
+def test_a_standby_counts_the_lease_duration_from_when_its_read_returned():
+    """A read that took 5 s may show a renewal made just before it returned: the standby's
+    15 s count starts when the read returned, not when it was sent."""
+    store, clock = LeaseApi(), Clock()
+    a = LeaderElector(store.client("a"), NS, identity="a", duration=15, renew=5, clock=clock)
+    assert a.try_once()
+    slow = store.client("b")
+
+    renewals = [1]
+
+    class SlowRead:
+        def _call(self, method, path, **kw):
+            if method == "GET" and renewals:
+                renewals.pop()
+                clock.t += 5
+                a.try_once()  # A renews while B's (first) read is on its way
+            return slow._call(method, path, **kw)
+
+    b = LeaderElector(SlowRead(), NS, identity="b", duration=15, renew=5, clock=clock)
+    assert not b.try_once()
+    seen = clock.t
+    store.down.add("a")
+    clock.t = seen + 14.9  # 19.9 s after the read was sent, but A's renewal may be 14.9 s old
+    assert not b.try_once()
+    clock.t = seen + 15.1
+    assert b.try_once() is True
+
+
+def test_the_cache_keeps_what_the_gpu_fit_reads_of_init_containers():
+    """A sidecar's GPUs add to the containers' (fit.template_gpus): the cached template
+    keeps the init containers' restartPolicy and the pod's overhead."""
+    from pd_operator.autoscale import fit
+
+    cache = Cache()
+    sts = {"kind": "StatefulSet", "metadata": {"namespace": NS, "name": "s"},
+           "spec": {"template": {"spec": {
+               "containers": [{"name": "engine", "image": "x", "command": ["serve"],
+                               "resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+               "initContainers": [{"name": "side", "image": "y", "restartPolicy": "Always",
+                                   "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+               "overhead": {"nvidia.com/gpu": "1"}}}}}
+    cache.put("StatefulSet", sts)
+    tmpl, _ = fit.workload_template(cache.get("StatefulSet", NS, "s"))
+    assert fit.template_gpus(tmpl, "nvidia.com/gpu") == 7
+    assert "command" not in tmpl["spec"]["containers"][0]  # still slim

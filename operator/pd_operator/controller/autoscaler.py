@@ -452,6 +452,10 @@ class Autoscaler:
             inputs[role] = PoolInput(state, obs, now)
         if (namespace, name) not in self.histories:  # after a restart or a failover: what status remembers
             self.histories[(namespace, name)] = histories_from_status(body.get("status") or {})
+            for role in ("prefill", "decode"):  # kept too: the status apply would drop what it omits
+                last = (body.get("status") or {}).get(role) or {}
+                if last.get("lastScaleTime") and (namespace, name, role) not in self.last_scale:
+                    self.last_scale[(namespace, name, role)] = (last["lastScaleTime"], last.get("lastScaleReason", ""))
         histories = self.histories[(namespace, name)]
         room = gpus.for_pools(templates, spec.gpu_resource_name()) if gpus else None
         decisions = plan_service(svc, inputs, histories, now, room)

@@ -67,7 +67,7 @@ def _slim_pod_spec(spec: dict | None) -> dict | None:
 
 # What is read of a workload's pod template: the GPU fit (autoscale/fit.py) reads
 # the containers' resources and the scheduling fields; nothing else.
-_READ_TEMPLATE_FIELDS = ("containers", "initContainers", "nodeSelector", "affinity", "tolerations")
+_READ_TEMPLATE_FIELDS = ("containers", "initContainers", "nodeSelector", "affinity", "tolerations", "overhead")
 
 
 def _slim_template(template: dict | None) -> dict | None:
@@ -77,7 +77,8 @@ def _slim_template(template: dict | None) -> dict | None:
     kept = {k: spec[k] for k in _READ_TEMPLATE_FIELDS if k in spec}
     for key in ("containers", "initContainers"):
         if kept.get(key):
-            kept[key] = [{k: c[k] for k in ("name", "resources") if k in c} for c in kept[key]]
+            # restartPolicy: a sidecar's GPUs add to the containers' (fit.template_gpus)
+            kept[key] = [{k: c[k] for k in ("name", "resources", "restartPolicy") if k in c} for c in kept[key]]
     return {"metadata": template.get("metadata") or {}, "spec": kept}
 
 

@@ -267,8 +267,10 @@ def start_loops(memo: kopf.Memo, **_) -> None:
                 CACHE.forget_born_here()
 
         elector.on_change = changed
+        elector_stop = threading.Event()  # its own: the Lease is given up only after the writes end
+        memo["elector_stop"] = elector_stop
         threading.Timer(WARMUP_SECONDS, lambda: threading.Thread(
-            target=elector.run, args=(stop,), name="leader", daemon=True).start()).start()
+            target=elector.run, args=(elector_stop,), name="leader", daemon=True).start()).start()
     threading.Thread(target=every, args=(RESYNC_SECONDS, stop, namespaces, resync, "resync"),
                      kwargs={"health": HEALTH, "max_age": 3 * RESYNC_SECONDS + 600},
                      name="resync", daemon=True).start()
@@ -293,6 +295,8 @@ def stop_loops(memo: kopf.Memo, **_) -> None:
     ACTIVE.clear()
     QUEUE.stop()
     QUEUE.wait_idle(SHUTDOWN_DRAIN_SECONDS)
+    if "elector_stop" in memo:
+        memo["elector_stop"].set()
     elector = STATE.get("elector")
     if elector is not None:
         elector.release()

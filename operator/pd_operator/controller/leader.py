@@ -56,6 +56,9 @@ class LeaderElector:
         self._observed_at = 0.0
         self._last_renewed = 0.0
         self._mine: dict | None = None  # the Lease as our last write left it (the holder renews from it)
+        # one round or release at a time; after release() no round takes the Lease again
+        self._lock = threading.Lock()
+        self._released = False
 
     @property
     def deadline(self) -> float:
@@ -94,6 +97,12 @@ class LeaderElector:
 
     def try_once(self) -> bool:
         """One round: acquire or renew. Returns whether this replica leads afterwards."""
+        with self._lock:
+            if self._released:
+                return False
+            return self._round()
+
+    def _round(self) -> bool:
         now = self.clock()
         if self.leading.is_set() and self._mine is not None:
             # the holder renews with one request: a patch conditional on the version its
@@ -124,6 +133,7 @@ class LeaderElector:
             self._last_renewed = now
             self._set(True)
             return True
+        now = self.clock()  # after the read: a change it shows may be that recent
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         seen = (holder, spec.get("renewTime") or "", (lease.get("metadata") or {}).get("resourceVersion") or "")
@@ -163,7 +173,13 @@ class LeaderElector:
         return self.leading.is_set()
 
     def release(self) -> None:
-        """Give the lease up now (clean shutdown): the standby takes over at its next round."""
+        """Give the lease up now (clean shutdown): the standby takes over at its next round.
+        Waits for a round in progress; no later round takes the Lease again."""
+        with self._lock:
+            self._released = True
+            self._release()
+
+    def _release(self) -> None:
         if not self.leading.is_set():
             return
         self._set(False)
@@ -176,10 +192,11 @@ class LeaderElector:
             log.warning("could not release the lease: %s", err)
 
     def run(self, stop: threading.Event) -> None:
+        """Rounds every ``renew`` seconds until ``stop``; the Lease is then kept until
+        release() (a clean shutdown gives it up once its writes are done)."""
         while not stop.is_set():
             try:
                 self.try_once()
             except Exception as err:  # noqa: BLE001 - never let the loop die
                 self._failed(self.clock(), err)
             stop.wait(self.renew)
-        self.release()

@@ -44,7 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.leader_elect and not 0 < 2 * args.lease_renew < args.lease_duration:
+        # the holder writes only within duration - renew of its last renewal (its renew
+        # deadline), and renews every renew seconds: the deadline must outlast a renewal
+        parser.error(f"--lease-renew ({args.lease_renew:g}) must be under half of --lease-duration "
+                     f"({args.lease_duration:g}): the leader writes only within lease-duration - "
+                     "lease-renew of its last renewal, which must leave room for the next one")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

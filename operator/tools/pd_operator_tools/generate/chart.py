@@ -169,8 +169,9 @@ class LeaderElection(_M):
                                         description="Seconds without renewal after which a standby takes over "
                                                     "(after a crash; a clean stop releases the Lease at once).")
     renew_seconds: int = Field(5, ge=1, le=100, alias="renewSeconds",
-                               description="Seconds between the leader's renewals (and a standby's checks); below "
-                                           "leaseDurationSeconds.")
+                               description="Seconds between the leader's renewals (and a standby's checks); under "
+                                           "half of leaseDurationSeconds (the leader writes only within "
+                                           "leaseDurationSeconds - renewSeconds of its last renewal).")
 
 
 class PodDisruptionBudget(_M):
