@@ -305,6 +305,40 @@ def prepare_example(path: Path, prom_url: str | None) -> tuple[dict, Path]:
     return doc, out
 
 
+def _containers(template: dict) -> list[tuple]:
+    return [(c.get("name"), c.get("image"), c.get("command"), c.get("args"))
+            for c in ((template.get("spec") or {}).get("containers") or [])]
+
+
+def rolled_out(kube: Kube, doc: dict) -> bool:
+    """Every StatefulSet and Deployment the operator renders for ``doc`` carries this
+    rendering's containers and has rolled out: every pod updated and Ready.
+
+    On a warm cluster the service may still say Ready from an operator of an earlier
+    checkout while this one's rendering replaces the pods (`kubectl wait` returns at
+    once on that stale condition); this waits for what `kubectl rollout status`
+    waits for, on the objects as this checkout renders them.
+    """
+    from pd_operator.api.models import PDInferenceService
+    from pd_operator.render import render
+
+    ns = doc["metadata"]["namespace"]
+    for obj in render(PDInferenceService.model_validate(doc)):
+        if obj["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        live = kube.json("get", obj["kind"].lower(), "-n", ns, obj["metadata"]["name"])
+        if not live or _containers(live["spec"]["template"]) != _containers(obj["spec"]["template"]):
+            return False
+        st, want = live.get("status") or {}, live["spec"].get("replicas", 1)
+        if st.get("observedGeneration", 0) < live["metadata"].get("generation", 0):
+            return False
+        if any((st.get(k) or 0) != want for k in ("replicas", "updatedReplicas", "readyReplicas")):
+            return False
+        if obj["kind"] == "StatefulSet" and st.get("currentRevision") != st.get("updateRevision"):
+            return False
+    return True
+
+
 def router_url(kube: Kube, ns: str, name: str) -> str | None:
     pods = kube.json("get", "pods", "-n", ns, "-l", f"pdserving.io/service={name},pdserving.io/role=router")
     for pod in (pods or {}).get("items", []):
@@ -441,6 +475,7 @@ def up(example: Path) -> int:
         return 0 if r.returncode == 0 else 1
 
     kube("wait", "-n", ns, "--for=condition=Ready", f"pdservice/{name}", "--timeout=180s")
+    wait("the pools and the router to roll out as this checkout renders them", lambda: rolled_out(kube, doc), 300)
     say(f"pdservice {ns}/{name} Ready")
     pools = {r: int(spec.get(r, {}).get("replicas") or 1) for r in ("prefill", "decode")}
     url = wait("the router pod's process", lambda: (u := router_url(kube, ns, name)) and http_ok(u + "/readiness") and u,
