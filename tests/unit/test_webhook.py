@@ -146,3 +146,26 @@ def test_a_client_that_says_nothing_holds_no_other_handshake(cert):
         idle.close()
         server.shutdown()
         server.server_close()
+
+
+def test_an_update_that_leaves_the_spec_unchanged_is_not_judged_again():
+    """A service stored before a rule existed (an operator upgrade) or while the webhook was
+    down (failurePolicy Ignore) must still take a label, an annotation or a finalizer: the API
+    server ratchets the CRD's own schema and CEL rules on update, judging only what changed
+    (apiextensions-apiserver v0.37.2 pkg/registry/customresource/strategy.go:287-290,
+    CRDValidationRatcheting, GA and locked on since 1.33). The rendering depends on the spec
+    only (name and namespace do not change), so an unchanged spec has nothing new to refuse."""
+    from tests.unit.fakeapi import FakeApi
+
+    old = minimal("sglang", prefill={"extraArgs": ["--pd-disaggregation"]})
+    new = {**old, "metadata": {**old["metadata"], "labels": {"team": "a"}}}
+    request = admission(new, "UPDATE")
+    request["request"]["oldObject"] = old
+    api = FakeApi()
+    assert review(request, api)["response"] == {"uid": "abc-123", "allowed": True}
+    assert api.calls == []  # nothing to dry-run either
+    # a changed spec is judged whole, as before
+    changed = {**new, "spec": {**new["spec"], "decode": {"replicas": 2}}}
+    request["request"]["object"] = changed
+    out = review(request, api)["response"]
+    assert out["allowed"] is False and "spec.prefill.extraArgs" in out["status"]["message"]

@@ -35,6 +35,13 @@ def review(admission_review: dict, kube=None) -> dict:
     request = admission_review.get("request") or {}
     response: dict = {"uid": request.get("uid", ""), "allowed": True}
     obj = request.get("object")
+    old = request.get("oldObject")
+    if (request.get("operation") == "UPDATE" and isinstance(obj, dict) and isinstance(old, dict)
+            and obj.get("spec") == old.get("spec")):
+        # a metadata-only change (a label, an annotation, a finalizer): the rendering
+        # depends on the spec alone, and the API server ratchets the CRD's own rules
+        # the same way, so a spec stored before a rule existed still takes one
+        obj = None
     if request.get("operation") in ("CREATE", "UPDATE") and obj:
         problem = check(obj, request.get("namespace"), kube)
         if problem:
