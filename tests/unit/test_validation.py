@@ -213,3 +213,20 @@ def test_sglang_served_name_with_a_colon_is_refused():
     assert "reserved for the 'model:adapter' syntax" in p["spec.model.servedName"]
     validate_service(minimal("vllm", model={"name": "Qwen/Qwen3-8B", "servedName": "qwen3:8b"}))  # vLLM takes it
     validate_service(minimal("sglang", model={"name": "Qwen/Qwen3-8B", "servedName": "qwen3-8b"}))
+
+
+def test_vllm_step_token_budget_below_the_batch_size_is_refused():
+    """vLLM 0.33.0 refuses to start when --max-num-batched-tokens is under --max-num-seqs
+    (vllm/config/scheduler.py:331-336, SchedulerConfig.verify_max_model_len, run from
+    __post_init__): admitted, the pool's engines would crash-loop. With one of them unset
+    vLLM lowers its default to fit (engine/arg_utils.py:3232-3234), and SGLang has no such check."""
+    bad = minimal(decode={"maxBatchedTokens": 128, "maxRunningRequests": 256})
+    p = problems(bad)
+    assert "max-num-batched-tokens" in p["spec.decode.maxBatchedTokens"]
+    assert "spec.prefill.maxBatchedTokens" not in p
+    validate_service(minimal(decode={"maxBatchedTokens": 256, "maxRunningRequests": 256}))
+    validate_service(minimal(decode={"maxBatchedTokens": 128}))
+    validate_service(minimal(decode={"maxRunningRequests": 256}))
+    validate_service(minimal("sglang", decode={"maxBatchedTokens": 128, "maxRunningRequests": 256}))
+    p = problems(minimal(prefill={"maxBatchedTokens": 16, "maxRunningRequests": 17}))
+    assert "max-num-batched-tokens" in p["spec.prefill.maxBatchedTokens"]

@@ -1129,6 +1129,23 @@ def _dp_attention_rule(pool: str) -> Rule:
     )
 
 
+def _vllm_step_tokens_rule(pool: str) -> Rule:
+    p = f"self.{pool}"
+    return Rule(
+        # vLLM 0.33.0 vllm/config/scheduler.py:331-336 (SchedulerConfig.verify_max_model_len, from __post_init__);
+        # with one of the two unset vLLM lowers its default to fit (engine/arg_utils.py:3232-3234)
+        cel=f"self.engine.kind != 'vllm' || !has({p}.maxBatchedTokens) || !has({p}.maxRunningRequests) || "
+        f"{p}.maxBatchedTokens >= {p}.maxRunningRequests",
+        message=f"{pool}.maxBatchedTokens must be at least {pool}.maxRunningRequests with vLLM: the engine refuses to "
+        "start when --max-num-batched-tokens is under --max-num-seqs (\"max_num_batched_tokens must be greater than or "
+        "equal to max_num_seqs\"): raise maxBatchedTokens, lower maxRunningRequests, or unset one of them",
+        check=lambda s: s.engine.kind != "vllm" or getattr(s, pool).max_batched_tokens is None
+        or getattr(s, pool).max_running_requests is None
+        or getattr(s, pool).max_batched_tokens >= getattr(s, pool).max_running_requests,
+        field_path=f".{pool}.maxBatchedTokens",
+    )
+
+
 def _gpu_resource_cel() -> str:
     return ("(has(self.topology.gpuResourceName) ? self.topology.gpuResourceName : "
             f"(self.engine.accelerator == 'amd' ? '{GPU_RESOURCE['amd']}' : '{GPU_RESOURCE['nvidia']}'))")
@@ -1268,6 +1285,8 @@ class PDInferenceServiceSpec(Base):
         *_pool_layout_rules("decode"),
         _no_gpu_in_resources_rule("prefill"),
         _no_gpu_in_resources_rule("decode"),
+        _vllm_step_tokens_rule("prefill"),
+        _vllm_step_tokens_rule("decode"),
     )
 
     # Defaults that depend on other fields: resolved on read, never stored.
