@@ -125,3 +125,38 @@ def test_shape_is_checked_without_the_api_server(overlay, field):
     with pytest.raises(SpecError) as err:
         validate_service(minimal(prefill={"podTemplate": overlay}))
     assert field in dict(err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize("overlay, field", [
+    ({"spec": {"containers": [{"name": "engine", "env": [{"name": ["X"], "value": "1"}]}]}},
+     "spec.decode.podTemplate.spec.containers[engine].env[0].name"),
+    ({"spec": {"volumes": [{"name": ["v"], "emptyDir": {}}]}}, "spec.decode.podTemplate.spec.volumes[0].name"),
+    ({"spec": {"containers": [{"name": "engine", "volumeMounts": [{"name": "v", "mountPath": ["/x"]}]}]}},
+     "spec.decode.podTemplate.spec.containers[engine].volumeMounts[0].mountPath"),
+    ({"spec": {"containers": [{"name": "engine", "volumeMounts": [{"name": ["v"], "mountPath": "/x"}]}]}},
+     "spec.decode.podTemplate.spec.containers[engine].volumeMounts[0].name"),
+    ({"spec": {"containers": [{"name": "engine", "ports": [{"containerPort": [1234]}]}]}},
+     "spec.decode.podTemplate.spec.containers[engine].ports[0].containerPort"),
+    ({"spec": {"containers": [{"name": "engine", "ports": [{"containerPort": "1234"}]}]}},
+     "spec.decode.podTemplate.spec.containers[engine].ports[0].containerPort"),
+    ({"spec": {"containers": [{"name": "engine", "ports": [{"containerPort": 1234, "name": {"a": 1}}]}]}},
+     "spec.decode.podTemplate.spec.containers[engine].ports[0].name"),
+    ({"spec": {"topologySpreadConstraints": [{"topologyKey": ["zone"], "maxSkew": 1}]}},
+     "spec.decode.podTemplate.spec.topologySpreadConstraints[0].topologyKey"),
+    ({"spec": {"imagePullSecrets": [{"name": ["regcred"]}]}}, "spec.decode.podTemplate.spec.imagePullSecrets[0].name"),
+])
+def test_a_merge_key_of_the_wrong_type_is_refused_not_a_crash(overlay, field):
+    """The CRD keeps the overlay as preserve-unknown-fields, so only this check stands between
+    a list or object where a name, path or port goes and the merge, which indexes entries by
+    it: the render raised TypeError (unhashable), so the webhook answered HTTP 400, which the
+    API server treats as a webhook failure and, with failurePolicy Ignore, admits the spec;
+    and every reconcile of it crashed before writing any status (no InvalidSpec, no event)."""
+    from pd_operator.controller.webhook import review
+
+    bad = minimal(decode={"podTemplate": overlay})
+    with pytest.raises(SpecError) as err:
+        validate_service(bad)
+    assert field in dict(err.value.problems), err.value.problems
+    out = review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "u", "operation": "CREATE", "namespace": "ns", "object": bad}})["response"]
+    assert out["allowed"] is False and field in out["status"]["message"]

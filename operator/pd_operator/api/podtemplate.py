@@ -105,6 +105,9 @@ MERGE_KEYS: dict[str, str] = {
     "ports": "containerPort",
 }
 
+# The JSON type of each merge key (core/v1: containerPort is an int32, the others strings).
+MERGE_KEY_TYPES: dict[str, str] = {"containerPort": INT}
+
 ENGINE_CONTAINER = "engine"
 
 
@@ -147,6 +150,12 @@ def _entries(items: list, key: str, path: str, problems: list) -> list[tuple[str
         if item.get(key) in (None, ""):
             problems.append((f"{path}[{i}].{key}", f"required: entries are merged by {key}"))
             continue
+        kind = MERGE_KEY_TYPES.get(key, STR)
+        if not _type_ok(item[key], kind):
+            # the merge indexes entries by it (a list or an object there is no key at all)
+            problems.append((f"{path}[{i}].{key}", f"must be a{'n' if kind[0] in 'aeio' else ''} {kind}, "
+                                                   f"got {type(item[key]).__name__}"))
+            continue
         out.append((f"{path}[{item[key]}]" if key == "name" else f"{path}[{i}]", item))
     return out
 
@@ -164,6 +173,11 @@ def _container(c: dict, path: str, problems: list, init: bool) -> None:
     for i, m in enumerate(c.get("volumeMounts") if isinstance(c.get("volumeMounts"), list) else []):
         if isinstance(m, dict) and not m.get("name"):
             problems.append((f"{path}.volumeMounts[{i}].name", "required: the volume to mount"))
+        elif isinstance(m, dict) and not isinstance(m["name"], str):
+            problems.append((f"{path}.volumeMounts[{i}].name", f"must be a string, got {type(m['name']).__name__}"))
+    for i, p in enumerate(c.get("ports") if isinstance(c.get("ports"), list) else []):
+        if isinstance(p, dict) and p.get("name") is not None and not isinstance(p["name"], str):
+            problems.append((f"{path}.ports[{i}].name", f"must be a string, got {type(p['name']).__name__}"))
 
 
 def check_pod_template(overlay: Any) -> list[tuple[str, str]]:
@@ -195,4 +209,7 @@ def check_pod_template(overlay: Any) -> list[tuple[str, str]]:
         for i, item in enumerate(spec.get(name) if isinstance(spec.get(name), list) else []):
             if not isinstance(item, dict):
                 problems.append((f".spec.{name}[{i}]", f"must be an object, got {type(item).__name__}"))
+            elif name in MERGE_KEYS and item.get(MERGE_KEYS[name]) is not None and not isinstance(item[MERGE_KEYS[name]], str):
+                problems.append((f".spec.{name}[{i}].{MERGE_KEYS[name]}",
+                                 f"must be a string, got {type(item[MERGE_KEYS[name]]).__name__}"))
     return problems
