@@ -169,3 +169,18 @@ def test_an_update_that_leaves_the_spec_unchanged_is_not_judged_again():
     request["request"]["object"] = changed
     out = review(request, api)["response"]
     assert out["allowed"] is False and "spec.prefill.extraArgs" in out["status"]["message"]
+
+
+@pytest.mark.parametrize("kind, where", [("vllm", "prefill"), ("sglang", "engine"), ("vllm", "router")])
+@pytest.mark.parametrize("arg", ["", " "])
+def test_an_empty_extra_arg_is_refused_with_its_field_not_a_crash(kind, where, arg):
+    """The CRD takes an empty (or blank) extraArgs entry (maxLength only); the engine and the
+    router would get it as a stray positional argument and refuse to start. The flag-set check
+    read argparse's "unrecognized arguments: " with nothing after it and raised IndexError:
+    the webhook answered HTTP 400, which the API server, with failurePolicy Ignore, takes as
+    "admit" (apiserver v0.37.2 pkg/admission/plugin/webhook/validating/dispatcher.go:170-200),
+    and each reconcile crashed before writing any status."""
+    spec = {"engine": {"kind": kind, "extraArgs": [arg]}} if where == "engine" else {where: {"extraArgs": [arg]}}
+    out = review(admission(minimal(kind, **spec)))["response"]
+    assert out["allowed"] is False, out
+    assert f"spec.{where}.extraArgs" in out["status"]["message"]

@@ -351,11 +351,15 @@ _ARG_RE = re.compile(r"^argument (?P<flag>[^:]+): (?P<msg>.*)$", re.S)
 
 def _to_flag_error(component: str, version: str, message: str) -> FlagError:
     if message.startswith("unrecognized arguments: "):
-        rest = message[len("unrecognized arguments: "):].split()
+        raw = message[len("unrecognized arguments: "):]
+        rest = raw.split()
         flags = [a for a in rest if a.startswith("-") and not _looks_negative_number(a)]
         if flags:
             flag = flags[0].split("=", 1)[0]
             return FlagError(component, version, f"{component} {version} has no flag {flag}", flag=flag)
+        if not rest:  # an empty or blank argument: argparse joins it into nothing
+            return FlagError(component, version, f"{component} {version}: unexpected empty argument {raw!r}: "
+                             "remove it", flag=None)
         return FlagError(
             component, version, f"{component} {version}: unexpected positional argument {rest[0]!r}", flag=None
         )
