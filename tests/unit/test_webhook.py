@@ -184,3 +184,34 @@ def test_an_empty_extra_arg_is_refused_with_its_field_not_a_crash(kind, where, a
     out = review(admission(minimal(kind, **spec)))["response"]
     assert out["allowed"] is False, out
     assert f"spec.{where}.extraArgs" in out["status"]["message"]
+
+
+def test_a_check_that_crashes_admits_with_a_warning_not_a_silent_400(monkeypatch, cert):
+    """A crash in the check is the operator's, not a bad request: answered as HTTP 400 it is a
+    webhook call failure, which the API server drops without a word under failurePolicy Ignore
+    (apiserver v0.37.2 pkg/admission/plugin/webhook/validating/dispatcher.go:170-200). Admitted,
+    the user is told so in a warning (kubectl prints it; dispatcher.go:326 passes warnings on),
+    within the API server's 256 characters per warning (endpoints/filters/warning.go:41) and
+    without control characters."""
+    from pd_operator.controller import webhook
+
+    def boom(*_a, **_k):
+        raise ZeroDivisionError("line\n" + "x" * 1000)
+
+    monkeypatch.setattr(webhook, "check", boom)
+    out = review(admission(minimal()))
+    assert out["response"]["uid"] == "abc-123" and out["response"]["allowed"] is True
+    (warning,) = out["response"]["warnings"]
+    assert "ZeroDivisionError" in warning and "pdctl validate" in warning and len(warning) <= 256
+    assert warning.isprintable()  # a control character gets the warning dropped (apimachinery util/net/http.go:669)
+    crt, key = cert
+    server = serve("127.0.0.1", 0, str(crt), str(key), reload_seconds=0)
+    try:
+        req = urllib.request.Request(f"https://127.0.0.1:{server.server_address[1]}/validate",
+                                     data=json.dumps(admission(minimal())).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(crt)), timeout=10) as resp:
+            assert resp.status == 200 and json.loads(resp.read())["response"]["warnings"]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -27,6 +27,8 @@ from ..api import SpecError, validate_service
 
 log = logging.getLogger(__name__)
 PATH = "/validate"
+# The API server truncates each warning to 256 characters (apiserver endpoints/filters/warning.go).
+WARNING_MAX = 256
 
 
 def review(admission_review: dict, kube=None) -> dict:
@@ -43,7 +45,18 @@ def review(admission_review: dict, kube=None) -> dict:
         # the same way, so a spec stored before a rule existed still takes one
         obj = None
     if request.get("operation") in ("CREATE", "UPDATE") and obj:
-        problem = check(obj, request.get("namespace"), kube)
+        try:
+            problem = check(obj, request.get("namespace"), kube)
+        except Exception as err:  # noqa: BLE001 - the operator's fault, not the request's
+            # answered as an HTTP error it would be a call failure, which failurePolicy
+            # Ignore drops without a word: admitted, and the user is told so
+            log.exception("webhook: the check of %s/%s failed", request.get("namespace"), request.get("name"))
+            # no control characters: the API server drops such a warning (apimachinery util/net/http.go NewWarningHeader)
+            text = "".join(c if c.isprintable() else " " for c in str(err))
+            warning = f"pd-operator could not check this spec ({type(err).__name__}: {text}"
+            tail = "); check it with pdctl validate -f FILE"
+            response = {**response, "warnings": [warning[:WARNING_MAX - len(tail)] + tail]}
+            problem = None
         if problem:
             response = {**response, "allowed": False,
                         "status": {"code": 422, "reason": "Invalid", "message": problem}}
