@@ -8,6 +8,7 @@ import copy
 
 import pytest
 
+from pd_operator.controller.kube import FIELD_MANAGER
 from pd_operator.controller.reconcile import reconcile
 from tests.conftest import minimal
 from tests.unit.fakeapi import FakeApi, toleration_exists_with_value
@@ -228,3 +229,56 @@ def test_a_verdict_carries_over_to_a_service_of_the_same_spec_in_the_namespace_o
     add_service(api, "d")
     run(api, "d")
     assert len(dry_runs()) == first
+
+
+def _typed_patch_refusal(obj: dict):
+    """kube-apiserver 1.37's answer to a server-side apply whose body does not fit the kind's
+    schema: structured-merge-diff's typed conversion fails (apimachinery v0.37.2
+    pkg/util/managedfields/internal/structuredmerge.go:147, a plain error, so a 500 with reason
+    Unknown: apiserver endpoints/handlers/responsewriters/status.go:60-80; the path and words from
+    structured-merge-diff v6.4.2 typed/validate.go:99, helpers.go:36)."""
+    import json
+
+    from kubernetes.client.rest import ApiException
+
+    sc = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("securityContext") or {}
+    if obj["kind"] == "StatefulSet" and isinstance(sc.get("runAsUser"), str):
+        message = (f"failed to create typed patch object (apps/v1, Kind=StatefulSet; {obj['metadata']['namespace']}/"
+                   f"{obj['metadata']['name']}): .spec.template.spec.securityContext.runAsUser: "
+                   "expected numeric (int or float), got string")
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": 500}
+        raise ApiException(status=500, reason="Internal Server Error", body=json.dumps(body))
+
+
+class TypedFakeApi(FakeApi):
+    def apply(self, obj, manager=FIELD_MANAGER, dry_run=False):
+        _typed_patch_refusal(obj)
+        return super().apply(obj, manager=manager, dry_run=dry_run)
+
+
+def test_a_field_of_the_wrong_type_in_the_overlay_is_an_invalid_spec_not_an_apply_failure():
+    """The CRD keeps podTemplate whole (preserve-unknown-fields), so a value of the wrong JSON
+    type deep in it (runAsUser: "1000", quoted) reaches the API server, whose server-side apply
+    cannot type it and answers 500 "failed to create typed patch object". The dry-run took any
+    500 for the API server's trouble: the webhook admitted the spec and every reconcile failed
+    as ApplyFailed, retried for ever. It is the spec's: refused with the child and the field."""
+    from pd_operator.controller.reconcile import REFUSALS
+    from pd_operator.controller.webhook import review
+
+    overlay = {"podTemplate": {"spec": {"securityContext": {"runAsUser": "1000"}}}}
+    api = TypedFakeApi()
+    add_service(api, decode=overlay)
+    status, _ = run(api)
+    assert api.objects == {} and [c for c in api.calls if c[0] == "apply"] == []
+    ready = api.services[(NS, "svc")]["status"]["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec"), ready
+    assert "StatefulSet/svc-decode spec.template.spec.securityContext.runAsUser" in ready["message"]
+    assert "expected numeric (int or float), got string" in ready["message"]
+    # and at admission
+    REFUSALS.forget(NS, "new")
+    bad = minimal(decode=overlay)
+    bad["metadata"] = {"name": "new"}
+    out = review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "u", "operation": "CREATE", "namespace": NS, "object": bad}}, api)["response"]
+    assert out["allowed"] is False, out
+    assert "StatefulSet/new-decode spec.template.spec.securityContext.runAsUser" in out["status"]["message"]

@@ -504,9 +504,33 @@ def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict],
             if err.status in (400, 422):
                 refused += [(kind, obj_name, f, m) for f, m in causes] or [(kind, obj_name, "", message)]
                 continue
+            if err.status == 500 and TYPED_PATCH_ERROR in message:
+                # a value of the wrong JSON type, which only the spec can put there (the CRD keeps
+                # podTemplate whole): server-side apply cannot type the body and says so as a 500
+                refused += [(kind, obj_name, f, m) for f, m in _type_mismatches(message)]
+                continue
             return [], f"dry-run of {kind}/{obj_name} failed: {err.status} {err.reason}: {message}"
     REFUSALS.put((namespace, name), hashes, refused)
     return refused, None
+
+
+# What server-side apply answers (a plain error, so HTTP 500) when the body does not fit the
+# kind's schema (apimachinery pkg/util/managedfields/internal/structuredmerge.go).
+TYPED_PATCH_ERROR = "failed to create typed patch object"
+
+
+def _type_mismatches(message: str) -> list[tuple[str, str]]:
+    """(field path, what is wrong) in a typed-patch error: "... (GVK; ns/name): .a.b: expected
+    string, got ..." or, for several, "errors:" and one "  .path: message" line each
+    (structured-merge-diff typed/helpers.go)."""
+    rest = message.split("): ", 1)[1] if "): " in message else message
+    out = []
+    for line in (x.strip() for x in rest.splitlines()):
+        if not line or line == "errors:":
+            continue
+        path, sep, what = line.partition(": ")
+        out.append((path[1:], what) if sep and path.startswith(".") else ("", line))
+    return out or [("", message)]
 
 
 def _applied(obj: dict) -> None:
