@@ -282,3 +282,70 @@ def test_a_field_of_the_wrong_type_in_the_overlay_is_an_invalid_spec_not_an_appl
                   "request": {"uid": "u", "operation": "CREATE", "namespace": NS, "object": bad}}, api)["response"]
     assert out["allowed"] is False, out
     assert "StatefulSet/new-decode spec.template.spec.securityContext.runAsUser" in out["status"]["message"]
+
+
+def _forbidden(message: str):
+    import json
+
+    from kubernetes.client.rest import ApiException
+
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": message, "details": {"name": "svc-router", "group": "apps", "kind": "deployments"}}
+    return ApiException(status=403, reason="Forbidden", body=json.dumps(body))
+
+
+class PolicyFakeApi(FakeApi):
+    """A cluster whose policy refuses the router's image: a controller-runtime webhook (OPA
+    Gatekeeper) denies with 403 (controller-runtime v0.24.1 pkg/webhook/admission/response.go:63-76),
+    which the API server words "admission webhook ... denied the request" (apiserver v0.37.2
+    pkg/admission/plugin/webhook/errors/statuserror.go:29); a ValidatingAdmissionPolicy with
+    reason Forbidden likewise (policy/validating/dispatcher.go:305-315)."""
+
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def apply(self, obj, manager=FIELD_MANAGER, dry_run=False):
+        if obj["kind"] == "Deployment":
+            self.calls.append(("apply-dry-run" if dry_run else "apply", obj["kind"]))
+            raise _forbidden(self.message.format(name=obj["metadata"]["name"]))
+        return super().apply(obj, manager=manager, dry_run=dry_run)
+
+
+@pytest.mark.parametrize("message", [
+    'admission webhook "validation.gatekeeper.sh" denied the request: [allowed-repos] container <router> has an '
+    'invalid image repo <registry.example.com/pd/vllm-router:test>, allowed repos are ["ghcr.io/acme/"]',
+    "deployments.apps \"{name}\" is forbidden: ValidatingAdmissionPolicy 'allowed-repos' with binding 'repos' "
+    "denied request: image not allowed",
+])
+def test_a_child_a_policy_denies_is_refused_at_admission_and_nothing_written(message):
+    from pd_operator.controller.reconcile import REFUSALS
+    from pd_operator.controller.webhook import review
+
+    api = PolicyFakeApi(message)
+    REFUSALS.forget(NS, "svc")
+    add_service(api)
+    run(api)
+    assert api.objects == {} and [c for c in api.calls if c[0] == "apply"] == []
+    ready = api.services[(NS, "svc")]["status"]["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec"), ready
+    assert "Deployment/svc-router" in ready["message"] and "denied" in ready["message"]
+    REFUSALS.forget(NS, "new")
+    bad = minimal()
+    bad["metadata"] = {"name": "new"}
+    out = review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "u", "operation": "CREATE", "namespace": NS, "object": bad}}, api)["response"]
+    assert out["allowed"] is False and "Deployment/new-router" in out["status"]["message"], out
+
+
+def test_the_operators_own_rbac_refusal_stays_an_apply_failure():
+    """A 403 from authorization is the install's (the operator lacks a verb), not the spec's."""
+    from pd_operator.controller.reconcile import REFUSALS
+
+    REFUSALS.forget(NS, "svc")  # the same spec as the test before, whose refusal is kept
+    api = PolicyFakeApi('deployments.apps "{name}" is forbidden: User "system:serviceaccount:pd:pd-operator" cannot '
+                        'patch resource "deployments" in API group "apps" in the namespace "ns"')
+    add_service(api)
+    run(api)
+    ready = api.services[(NS, "svc")]["status"]["conditions"][0]
+    assert ready["reason"] != "InvalidSpec" and api.objects == {}, ready

@@ -504,6 +504,11 @@ def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict],
             if err.status in (400, 422):
                 refused += [(kind, obj_name, f, m) for f, m in causes] or [(kind, obj_name, "", message)]
                 continue
+            if err.status == 403 and _policy_denial(message):
+                # an admission webhook or ValidatingAdmissionPolicy of the cluster refuses the child
+                # (controller-runtime webhooks deny with 403): the spec's to change, as a 422 is
+                refused.append((kind, obj_name, "", message))
+                continue
             if err.status == 500 and TYPED_PATCH_ERROR in message:
                 # a value of the wrong JSON type, which only the spec can put there (the CRD keeps
                 # podTemplate whole): server-side apply cannot type the body and says so as a 500
@@ -512,6 +517,16 @@ def _dry_run(kube: Kube, namespace: str, name: str, objs: list[dict],
             return [], f"dry-run of {kind}/{obj_name} failed: {err.status} {err.reason}: {message}"
     REFUSALS.put((namespace, name), hashes, refused)
     return refused, None
+
+
+def _policy_denial(message: str) -> bool:
+    """Whether a 403 is an admission policy's verdict on the object rather than authorization's
+    on the operator: the API server words a webhook's denial "admission webhook "NAME" denied the
+    request" (apiserver pkg/admission/plugin/webhook/errors/statuserror.go) and a
+    ValidatingAdmissionPolicy's "ValidatingAdmissionPolicy 'NAME' ... denied request"
+    (pkg/admission/plugin/policy/validating/dispatcher.go)."""
+    return (("admission webhook " in message and " denied the request" in message)
+            or ("ValidatingAdmissionPolicy '" in message and " denied request" in message))
 
 
 # What server-side apply answers (a plain error, so HTTP 500) when the body does not fit the
