@@ -468,6 +468,35 @@ def test_promql_parses(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not built (e2e/controlplane/build.sh)")
+def test_the_serving_failures_panel_adds_its_sources(tmp_path):
+    """Each target of the Serving failures panel sums all its source metrics for a service. vLLM
+    creates its KV connector counters at 0 per engine (nixl/stats.py), so a service always has
+    vllm:nixl_num_failed_transfers_total: summed per service and joined with `or`, that 0 hid the
+    expired-KV counter of the same service (`or` keeps the left side's label set), and a router's
+    decode errors once its prefill errors existed."""
+    dash = json.loads((CHART / "dashboards" / "pd-operator.json").read_text())
+    (panel,) = [p for p in dash["panels"] if p["title"].startswith("Serving failures")]
+    subst = {"$namespace": "ns", "$service": ".*", "$__rate_interval": "1m"}
+    tests = []
+    for target in panel["targets"][:3]:
+        expr = target["expr"]
+        for var, value in subst.items():
+            expr = expr.replace(var, value)
+        metrics = re.findall(r"increase\(([^{]+)\{", expr)
+        assert len(metrics) >= 2, target["refId"]
+        # every source present; the first at 0, each other one rising by 1 per scrape
+        series = [{"series": f'{m}{{namespace="ns",pdserving_io_service="s",pod="p{i}"}}',
+                   "values": "0x8" if i == 0 else "0+1x8"} for i, m in enumerate(metrics)]
+        tests.append({"interval": "15s", "input_series": series, "promql_expr_test": [
+            {"expr": expr, "eval_time": "2m",
+             "exp_samples": [{"labels": '{pdserving_io_service="s"}', "value": 4 * (len(metrics) - 1)}]}]})
+    path = tmp_path / "test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "15s", "tests": tests}))
+    r = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
 # The engines' default latency buckets, as the simulated engines carry them (citing
 # vllm/v1/metrics/buckets.py and sglang/srt/observability/metrics_collector.py)
 from pd_operator_tools.enginesim import metrics as engine_metrics  # noqa: E402
