@@ -19,7 +19,7 @@ SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
 ``sglang:inter_token_latency_seconds``, ``sglang:e2e_request_latency_seconds``,
 ``sglang:queue_time_seconds``, ``sglang:per_stage_req_latency_seconds`` (stage
 ``prefill_forward`` only), ``sglang:prompt_tokens_histogram``,
-``sglang:uncached_prompt_tokens_histogram``; gauges ``sglang:num_running_reqs``,
+``sglang:uncached_prompt_tokens_histogram``, ``sglang:generation_tokens_histogram``; gauges ``sglang:num_running_reqs``,
 ``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:gen_throughput``,
 ``sglang:cache_hit_rate``, ``sglang:num_decode_prealloc_queue_reqs``,
 ``sglang:num_decode_transfer_queue_reqs``; counters
@@ -161,7 +161,12 @@ class PromSink(Sink):
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r,
                                   buckets=SGLANG_E2E_BUCKETS).labels(*lv)
             self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
-            self._tpot = self._decode = self._req_gen = self._prompt_cached = None
+            self._tpot = self._decode = self._prompt_cached = None
+            # every finished request's generated tokens, a PD worker's too; without
+            # --generation-tokens-buckets the prompt histogram's default buckets (100, 300, ...:
+            # outputs under 100 tokens all in the first; observability/metrics_collector.py)
+            self._req_gen = Histogram(p + "generation_tokens_histogram", "Histogram of generation token length.", names,
+                                      registry=r, buckets=SGLANG_PROMPT_BUCKETS).labels(*lv)
             # observed by the tokenizer manager of every server, a PD prefill worker's too, at a
             # request's end (observability/metrics_collector.py, managers/tokenizer_manager.py)
             self._req_prompt = Histogram(p + "prompt_tokens_histogram", "Histogram of prompt token length.", names,
@@ -305,5 +310,5 @@ class PromSink(Sink):
             self._req_computed.observe(0 if req.kv_transfer and self.flavor == "vllm" else req.prompt_tokens)
         if self._req_gen is not None:
             self._req_gen.observe(req.generated)
-            if req.generated > 1 and req.first_token is not None:
+            if self._tpot is not None and req.generated > 1 and req.first_token is not None:
                 self._tpot.observe((req.finished - req.first_token) / (req.generated - 1))
