@@ -196,3 +196,61 @@ def test_prometheus_down_is_unknown_and_no_event():
     (cond,) = kube.applied[DIAGNOSIS_MANAGER]["conditions"]
     assert (cond["status"], cond["reason"]) == ("Unknown", "PrometheusUnreachable")
     assert events == []
+
+
+
+def _promtool_values(promtool: str, tmp_path, series: list[dict], expr: str, at: str) -> dict[str, float]:
+    """The value of ``expr`` per service at ``at`` over ``series`` (promtool test rules prints
+    what it got when it differs from the expected: nothing is expected here)."""
+    import re
+    import subprocess
+
+    import yaml
+
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "15s", "tests": [
+        {"interval": "15s", "input_series": series,
+         "promql_expr_test": [{"expr": expr, "eval_time": at, "exp_samples": []}]}]}))
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    assert "got:" in out, out
+    got = out.split("got:", 1)[1]
+    return {svc: float(v) for svc, v in re.findall(r'pdserving_io_service="([^"]+)"\} ([-0-9.eE+]+)', got)}
+
+
+def test_sglang_kv_failures_count_each_request_once_not_once_per_rank(tmp_path):
+    """SGLang counts a failed KV transfer on every rank of the request's attention-TP group, each
+    under its own tp_rank: the transfer status is all-reduced over the group and each rank
+    concludes the request (disaggregation/prefill.py handle_inflight_transfer_failure, after
+    poll_and_all_reduce_attn_cp_tp_group; decode.py _record_transfer_failure), its collector
+    created on every rank with metrics on (observability/metrics_collector.py init_new). Summed
+    over the series, one failed request read as tensor-parallel-size failures (the Serving
+    message, the chart's recording rule and the dashboard)."""
+    import json
+    import re
+
+    from tests.conftest import ROOT, prometheus_binary
+
+    promtool = prometheus_binary("promtool")
+    if promtool is None:
+        pytest.skip("promtool not built (e2e/controlplane/build.sh)")
+    series = []
+    # the same two failed requests on a pod of TP 4 (service s) and on a pod of TP 1 (service s1)
+    for svc, tp in (("s", 4), ("s1", 1)):
+        target = f'namespace="ns",pdserving_io_service="{svc}",instance="{svc}:8000",job="pd-engines",pod="{svc}"'
+        series.append({"series": f"up{{{target}}}", "values": "1x16"})
+        series += [{"series": f'sglang:num_transfer_failed_reqs_total{{{target},tp_rank="{r}",pp_rank="0",moe_ep_rank="{r}"}}',
+                    "values": "0x8 2x7"} for r in range(tp)]
+    (diagnosis, *_) = diagnosis_queries("sglang", "sglang-router", window="2m")["kv_failures"].promql
+    template = (ROOT / "charts/pd-operator/templates/prometheusrule.yaml").read_text()
+    (rule,) = re.findall(r"record: pdserving:kv_transfer_failures:increase\n\s+expr: (.+)", template)
+    rule = rule.replace("{{ $svc }}", "pdserving_io_service").replace("{{ $m }}", "sglang:num_transfer_failed_reqs_total")
+    rule = rule.replace("{{ $r.window }}", "2m")
+    dash = json.loads((ROOT / "charts/pd-operator/dashboards/pd-operator.json").read_text())
+    (panel,) = [p for p in dash["panels"] if p["title"].startswith("Serving failures")]
+    (board,) = [t["expr"] for t in panel["targets"] if "KV transfer" in t["legendFormat"]]
+    board = board.replace("$namespace", "ns").replace("$service", ".*").replace("$__rate_interval", "2m")
+    for name, expr in (("diagnosis", diagnosis), ("rule", rule), ("dashboard", board)):
+        got = _promtool_values(promtool, tmp_path, series, expr, "3m")
+        assert set(got) == {"s", "s1"} and got["s1"] > 0, (name, got)
+        assert got["s"] == pytest.approx(got["s1"]), (name, got)

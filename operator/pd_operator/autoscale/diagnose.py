@@ -68,6 +68,12 @@ KV_FAILURES = {
              "vllm:mooncake_num_kv_expired_reqs_total"),
     "sglang": "sglang:num_transfer_failed_reqs_total|sglang:num_bootstrap_failed_reqs_total",
 }
+# SGLang counts a failed KV transfer on every rank of the request's attention-TP group, each
+# under its own tp_rank (the status is all-reduced over the group and each rank concludes the
+# request: disaggregation/prefill.py handle_inflight_transfer_failure, decode.py
+# _record_transfer_failure; FACTS.md): the most of the group's ranks is the request count. vLLM's
+# and the routers' series carry none of these labels.
+RANKS = "tp_rank, pp_rank, moe_ep_rank"
 # Requests refused at a queue limit: vLLM's admission counter (HTTP 503); the
 # sglang-router's rate limiter. SGLang's --max-queued-requests is ignored in
 # disaggregation mode (its own help text), so SGLang engines have none here.
@@ -129,8 +135,11 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
     born = f"count_over_time({{m}}[{window}]) < on (instance, job, pod) group_left count_over_time(up[{window}])"
     young = (f"count_over_time(up[{window}]) < on (job) group_left() "
              f"(max by (job) (count_over_time(up[{window}])) - 1)")
-    inc = (f"sum by ({BY}) (({{m}} and ({born})) or ({{m}} and on (instance, job, pod) ({young})) "
-           f"or increase({{m}}[{window}]))")
+    per_series = (f"(({{m}} and ({born})) or ({{m}} and on (instance, job, pod) ({young})) "
+                  f"or increase({{m}}[{window}]))")
+    inc = f"sum by ({BY}) {per_series}"
+    # an engine's request counted once per rank of the group that handled it: one of them (RANKS)
+    inc_requests = f"sum by ({BY}) (max without ({RANKS}) {per_series})"
     q = {
         # workers the router holds unhealthy / healthy / all (max over the router's replicas)
         "unhealthy": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",),
@@ -138,7 +147,7 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
         "workers": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}))",),
         "worker_errors": _each(r["worker_errors"], inc),
         "requests": _each(r["requests"], inc),
-        "kv_failures": _each(KV_FAILURES[engine], inc),
+        "kv_failures": _each(KV_FAILURES[engine], inc_requests),
         "overload": _each(OVERLOAD[engine], inc),
         # each worker's health and circuit breaker (0 closed, 1 open, 2 half-open), by URL:
         # the routers keep exporting a removed worker's last value, so the verdict counts
