@@ -190,8 +190,9 @@ def demand_query(engine: str, role: str, window: str = "1m") -> Query:
     the steps produce them (``decode_tokens``) where the engine has a counter of its own for
     that: SGLang's generation counter moves only when a request finishes. There the larger of
     the two: each misses tokens the other counts. The batches' counter is a scheduler's, and
-    of a replica that spans nodes only the first node is scraped (it alone serves HTTP), so
-    with attention data parallelism over nodes it misses the other nodes' ranks; the
+    of a replica that spans nodes only the first node is scraped (the others serve /metrics
+    too, but their pods are not scraped: FACTS.md "Series per engine"), so with attention
+    data parallelism over nodes it misses the other nodes' ranks; the
     finished requests' counter is the tokenizer's, which sees every request, late."""
     key = "prompt_tokens" if role == "prefill" else "decode_tokens"
     metric, sel = METRICS[engine][key], _sel(role, METRIC_MATCHERS.get((engine, key), ""))

@@ -2,9 +2,13 @@
 
 What the engines do, and the sim copies:
 - SGLang (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``): every node
-  joins the rendezvous node rank 0 hosts at HOST:PORT; only rank 0 serves HTTP
+  joins the rendezvous node rank 0 hosts at HOST:PORT; only rank 0 serves the API
   (http_server.py launch_server returns for node_rank >= 1), and it serves only
-  after the distributed init, i.e. once every node joined.
+  after the distributed init, i.e. once every node joined. (Real ranks >= 1 serve
+  /health and /metrics with their own schedulers' series, engine.py
+  launch_dummy_health_check_server; the sim's do not, and its leader reports the
+  whole replica's load: kinder than SGLang with attention DP over nodes, whose
+  leader reports only node 0's DP groups; FACTS.md "Series per engine".)
 - vLLM (``--data-parallel-size DP --data-parallel-size-local L``, workers
   ``--headless --data-parallel-start-rank S``): the API server on the leader
   coordinates the DP ranks over ``--data-parallel-address:--data-parallel-rpc-port``;
