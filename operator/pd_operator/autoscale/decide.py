@@ -235,10 +235,12 @@ def apply_behavior(rec: int, current: int, history: History, now: float,
         desired = min(current, max(in_down or [rec]))
         if desired > rec:
             note = f"; scale-down held at {desired} by the {window_down}s stabilization window"
+    # a limit past the current size (the period's earlier changes used it up) holds the pool
+    # where it is, never moves it against the recommendation (HPA horizontal.go:1327-1330, 1350-1353)
     if desired > current:
-        desired = min(desired, _rate_limit(up_rules, current, history, now, up=True))
+        desired = max(current, min(desired, _rate_limit(up_rules, current, history, now, up=True)))
     elif desired < current:
-        desired = max(desired, _rate_limit(down_rules, current, history, now, up=False))
+        desired = min(current, max(desired, _rate_limit(down_rules, current, history, now, up=False)))
     return desired, note
 
 
