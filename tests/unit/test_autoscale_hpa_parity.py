@@ -24,3 +24,14 @@ def test_a_rate_limit_never_moves_the_pool_against_the_recommendation():
     h = History(changes=[Change(990.0, 10, 4)])
     desired, _ = apply_behavior(2, 4, h, 1000.0, up_rules=DEFAULT_UP, down_rules=rules(("Pods", 1, 60)))
     assert desired == 4
+
+
+def test_the_rate_limit_counts_from_the_size_at_the_start_of_the_period():
+    # HPA's base is the replicas periodSeconds ago: current - added + deleted, both directions
+    # (horizontal.go:1447-1449 and 1476-1478). 10 -> 5 ten seconds ago, now 20 wanted: the
+    # period began at 10, so the default max(+100 %, +4) per 15 s allows 20 (not 2 x 5 = 10)
+    h = History(changes=[Change(990.0, 10, 5)])
+    assert apply_behavior(20, 5, h, 1000.0, DEFAULT_UP, DEFAULT_DOWN)[0] == 20
+    # 5 -> 10 ten seconds ago, 1 pod down per 60 s: the period began at 5, limit 4
+    h = History(changes=[Change(990.0, 5, 10)])
+    assert apply_behavior(2, 10, h, 1000.0, DEFAULT_UP, rules(("Pods", 1, 60)))[0] == 4

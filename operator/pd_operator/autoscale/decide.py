@@ -196,18 +196,19 @@ def _rules(rules: ScalingRules | None, default: ScalingRules) -> ScalingRules:
 def _rate_limit(rules: ScalingRules, current: int, history: History, now: float, up: bool) -> int:
     """The furthest the pool may move from ``current`` now, as HPA computes it:
     each policy allows ``value`` pods (or percent) per ``periodSeconds``,
-    counted from the size at the start of the period; selectPolicy Max picks
+    counted from the size at the start of the period (the current size less what
+    was added plus what was removed within it, both directions: HPA
+    horizontal.go:1447-1449, 1476-1478); selectPolicy Max picks
     the most permissive policy, Min the least, Disabled forbids the direction."""
     if rules.select_policy == "Disabled":
         return current
     limits = []
     for p in rules.policies:
         recent = [c for c in history.changes if now - c.at < p.period_seconds]
+        start = current - sum(c.after - c.before for c in recent)
         if up:
-            start = current - sum(max(0, c.after - c.before) for c in recent)
             limits.append(start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100)))
         else:
-            start = current + sum(max(0, c.before - c.after) for c in recent)
             limits.append(start - p.value if p.type == "Pods" else math.ceil(start * (1 - p.value / 100)))
     if not limits:
         return current
