@@ -35,3 +35,11 @@ def test_the_rate_limit_counts_from_the_size_at_the_start_of_the_period():
     # 5 -> 10 ten seconds ago, 1 pod down per 60 s: the period began at 5, limit 4
     h = History(changes=[Change(990.0, 5, 10)])
     assert apply_behavior(2, 10, h, 1000.0, DEFAULT_UP, rules(("Pods", 1, 60)))[0] == 4
+
+
+def test_a_percent_scale_down_limit_is_rounded_down():
+    # HPA: int32(periodStartReplicas x (1 - value/100)), a truncation (horizontal.go:1482):
+    # 50 % of 3 may go down to 1; the scale-up limit alone is rounded up (horizontal.go:1453)
+    assert apply_behavior(1, 3, History(), 1000.0, DEFAULT_UP, rules(("Percent", 50, 60)))[0] == 1
+    assert apply_behavior(1, 5, History(), 1000.0, DEFAULT_UP, rules(("Percent", 10, 60)))[0] == 4
+    assert apply_behavior(9, 3, History(), 1000.0, rules(("Percent", 50, 60)), DEFAULT_DOWN)[0] == 5

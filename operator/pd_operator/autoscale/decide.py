@@ -209,7 +209,9 @@ def _rate_limit(rules: ScalingRules, current: int, history: History, now: float,
         if up:
             limits.append(start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100)))
         else:
-            limits.append(start - p.value if p.type == "Pods" else math.ceil(start * (1 - p.value / 100)))
+            # truncated, as HPA's int32() (horizontal.go:1482): rounded up, 10 % of a pool under 10
+            # replicas would never allow a scale-down at all
+            limits.append(start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100)))
     if not limits:
         return current
     most_permissive = max if up else min
