@@ -5,7 +5,7 @@ and direction, and the stabilization windows."""
 from __future__ import annotations
 
 from pd_operator.api.models import ScalingRules
-from pd_operator.autoscale.decide import DEFAULT_DOWN, DEFAULT_UP, Change, History, apply_behavior
+from pd_operator.autoscale.decide import DEFAULT_DOWN, DEFAULT_UP, Change, Event, History, apply_behavior
 
 
 def rules(*policies, window=0, select="Max"):
@@ -43,3 +43,15 @@ def test_a_percent_scale_down_limit_is_rounded_down():
     assert apply_behavior(1, 3, History(), 1000.0, DEFAULT_UP, rules(("Percent", 50, 60)))[0] == 1
     assert apply_behavior(1, 5, History(), 1000.0, DEFAULT_UP, rules(("Percent", 10, 60)))[0] == 4
     assert apply_behavior(9, 3, History(), 1000.0, rules(("Percent", 50, 60)), DEFAULT_DOWN)[0] == 5
+
+
+def test_the_stabilization_window_excludes_a_recommendation_exactly_window_seconds_old():
+    # HPA keeps a recommendation while rec.timestamp.After(now - window) (horizontal.go:1275,
+    # 1278): one exactly 300 s old is out. At 30 s rounds on a steady clock the 11th round
+    # back was still holding a scale-down
+    h = History(recommendations=[Event(700.0, 8)])
+    assert apply_behavior(2, 8, h, 1000.0, DEFAULT_UP, rules(("Percent", 100, 15), window=300))[0] == 2
+    h = History(recommendations=[Event(700.0, 2)])
+    assert apply_behavior(8, 2, h, 1000.0, rules(("Percent", 1000, 15), window=300), DEFAULT_DOWN)[0] == 8
+    h = History(recommendations=[Event(701.0, 2)])
+    assert apply_behavior(8, 2, h, 1000.0, rules(("Percent", 1000, 15), window=300), DEFAULT_DOWN)[0] == 2

@@ -226,16 +226,18 @@ def apply_behavior(rec: int, current: int, history: History, now: float,
     limits. Records ``rec`` in ``history.recommendations``; the caller records
     the resize it makes (``history.changes``). Returns the size and a note for
     the reason ("" when the windows did not hold the pool back)."""
-    history.recommendations.append(Event(now, rec))
     window_up = up_rules.stabilization_window_seconds or 0
     window_down = down_rules.stabilization_window_seconds or 0
-    in_up = [e.replicas for e in history.recommendations if now - e.at <= window_up]
-    in_down = [e.replicas for e in history.recommendations if now - e.at <= window_down]
+    # HPA's windows: this recommendation and those younger than the window (a strict cutoff,
+    # rec.timestamp.After(now - window): horizontal.go:1275-1281)
+    in_up = [rec] + [e.replicas for e in history.recommendations if now - e.at < window_up]
+    in_down = [rec] + [e.replicas for e in history.recommendations if now - e.at < window_down]
+    history.recommendations.append(Event(now, rec))
     desired, note = current, ""
     if rec > current:
-        desired = max(current, min(in_up or [rec]))
+        desired = max(current, min(in_up))
     elif rec < current:
-        desired = min(current, max(in_down or [rec]))
+        desired = min(current, max(in_down))
         if desired > rec:
             note = f"; scale-down held at {desired} by the {window_down}s stabilization window"
     # a limit past the current size (the period's earlier changes used it up) holds the pool
