@@ -55,3 +55,27 @@ def test_the_stabilization_window_excludes_a_recommendation_exactly_window_secon
     assert apply_behavior(8, 2, h, 1000.0, rules(("Percent", 1000, 15), window=300), DEFAULT_DOWN)[0] == 8
     h = History(recommendations=[Event(701.0, 2)])
     assert apply_behavior(8, 2, h, 1000.0, rules(("Percent", 1000, 15), window=300), DEFAULT_DOWN)[0] == 2
+
+
+def test_the_first_round_seeds_the_scale_down_window_with_the_current_size():
+    # HPA records the target's current replicas as a recommendation the first time it sees it
+    # (recordInitialRecommendation, horizontal.go:802-808, called at :883 before the metrics
+    # are read), so a new autoscaler (or one that restarted with no memory) does not scale
+    # down within its first stabilization window
+    from pd_operator.api.models import PrefillAutoscaling
+    from pd_operator.autoscale.decide import PoolState, Signal, decide
+
+    pol = PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=10)
+    h = History()
+    d = decide(pol, PoolState(replicas=8, ready=8), Signal(0.1, 1000.0), h, now=1000.0)
+    assert d.replicas == 8 and "window" in d.reason
+    assert decide(pol, PoolState(replicas=8, ready=8), Signal(0.1, 1299.0), h, now=1299.0).replicas == 8
+    assert decide(pol, PoolState(replicas=8, ready=8), Signal(0.1, 1300.0), h, now=1300.0).replicas == 1
+    # seeded even when the first rounds have no data (HPA seeds before reading metrics)
+    h = History()
+    decide(pol, PoolState(replicas=8, ready=8), Signal(None, None), h, now=1000.0)
+    assert decide(pol, PoolState(replicas=8, ready=8), Signal(0.1, 1300.0), h, now=1300.0).replicas == 1
+    # no window: down at once
+    pol0 = PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=10,
+                              behavior={"scale_down": {"stabilization_window_seconds": 0}})
+    assert decide(pol0, PoolState(replicas=8, ready=8), Signal(0.1, 1000.0), History(), now=1000.0).replicas == 1

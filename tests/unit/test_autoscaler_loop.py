@@ -233,12 +233,21 @@ def test_the_autoscalers_memory_survives_a_failover_in_status():
     second = Autoscaler(kube, calm, lambda *a: None, clock=lambda: clock[0])
     second.run_once([b_after], force=True)
     assert kube.replicas["svc-decode"] == up  # held by the remembered recommendation
-    # without the memory, the same round scales down at once
+    # without the memory, the window starts afresh: HPA seeds it with the current size when it
+    # first sees a target (horizontal.go:802-808), so the amnesiac holds now, but until 300 s
+    # after its own first round, where the remembered window ends 300 s after the scale-up
     kube2 = FakeKube()
     kube2.replicas["svc-decode"] = up
     amnesiac = Autoscaler(kube2, calm, lambda *a: None, clock=lambda: clock[0])
     amnesiac.run_once([b], force=True)
-    assert kube2.replicas["svc-decode"] < up
+    assert kube2.replicas["svc-decode"] == up
+    clock[0] = 1000.0 + 301
+    b_later = copy.deepcopy(b)
+    b_later["status"] = copy.deepcopy(kube.status)
+    second.run_once([b_later], force=True)
+    assert kube.replicas["svc-decode"] < up
+    amnesiac.run_once([b], force=True)
+    assert kube2.replicas["svc-decode"] == up
 
 
 def test_what_the_law_learned_survives_a_failover_in_status():

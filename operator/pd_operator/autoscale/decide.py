@@ -491,6 +491,11 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     hi = policy.max_replicas if policy.max_replicas is not None else max(state.replicas, lo)
     current = state.replicas
     stale_after = 3 * interval_seconds
+    if not history.recommendations:
+        # HPA's first sight of a target records its current size as a recommendation, before
+        # any metric is read (recordInitialRecommendation, horizontal.go:802-808, :883): a new
+        # autoscaler (or one with no memory) does not scale down within the first window
+        history.recommendations.append(Event(now, current))
 
     # 1. no or stale data: hold
     if signal.observed is None or signal.observed_at is None:
