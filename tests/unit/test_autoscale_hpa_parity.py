@@ -79,3 +79,41 @@ def test_the_first_round_seeds_the_scale_down_window_with_the_current_size():
     pol0 = PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=10,
                               behavior={"scale_down": {"stabilization_window_seconds": 0}})
     assert decide(pol0, PoolState(replicas=8, ready=8), Signal(0.1, 1000.0), History(), now=1000.0).replicas == 1
+
+
+def test_a_long_stabilization_window_survives_a_failover_in_status():
+    # scaleDown.stabilizationWindowSeconds may be 3600 (the CRD's maximum): at 30 s rounds that
+    # is 120 recommendations, and status keeps 64 (its maxItems). The high one that holds the
+    # window must be what survives, not the newest 64 of a run of equal low ones
+    from pd_operator.controller.autoscaler import MEMORY_ITEMS, histories_from_status, history_to_status
+
+    recs = [Event(0.0, 10)] + [Event(30.0 * i, 2) for i in range(1, 71)]
+    h = History(recommendations=list(recs))
+    now, down = 2130.0, rules(("Percent", 100, 15), window=3600)
+    assert apply_behavior(2, 10, History(recommendations=list(recs)), now, DEFAULT_UP, down)[0] == 10
+    mem = history_to_status(h)
+    assert len(mem["recommendations"]) <= MEMORY_ITEMS
+    restored = histories_from_status({"decode": {"autoscaler": mem}})["decode"]
+    assert apply_behavior(2, 10, restored, now, DEFAULT_UP, down)[0] == 10
+    # the scale-up window alike: the lowest recent recommendation survives
+    recs = [Event(0.0, 2)] + [Event(30.0 * i, 10) for i in range(1, 71)]
+    restored = histories_from_status({"decode": {"autoscaler": history_to_status(History(recommendations=recs))}})["decode"]
+    up = rules(("Percent", 1000, 15), window=3600)
+    assert apply_behavior(10, 2, restored, now, up, DEFAULT_DOWN)[0] == 2
+
+
+def test_the_recommendations_left_out_of_status_change_no_window():
+    import random
+
+    from pd_operator.controller.autoscaler import stabilizing
+
+    rnd = random.Random(7)
+    for _ in range(300):
+        recs = [Event(30.0 * i, rnd.randint(1, 12)) for i in range(rnd.randint(1, 80))]
+        kept = stabilizing(recs)
+        assert kept[-1] == recs[-1]
+        for _ in range(5):
+            now, w = recs[-1].at + rnd.choice([0.0, 15.0, 30.0]), rnd.choice([0, 30, 300, 900, 3600])
+            full = [e.replicas for e in recs if now - e.at < w]
+            part = [e.replicas for e in kept if now - e.at < w]
+            assert (max(full, default=None), min(full, default=None)) == (max(part, default=None), min(part, default=None))

@@ -513,13 +513,29 @@ class Autoscaler:
 MEMORY_ITEMS = 64  # status.<pool>.autoscaler lists (the CRD's maxItems)
 
 
+def stabilizing(recs: list[Recommendation]) -> list[Recommendation]:
+    """The recommendations that can still decide a stabilization window, in order: one with a
+    later one at least as high never sets the scale-down window's highest (the later one is in
+    every window it is in), nor one with a later one at least as low the scale-up window's
+    lowest. Leaving those out changes no window's result; status keeps only MEMORY_ITEMS, and a
+    window of up to 3600 s holds 120 rounds of 30 s."""
+    kept, hi, lo = [], None, None
+    for e in reversed(recs):
+        if hi is None or e.replicas > hi or e.replicas < lo:
+            kept.append(e)
+        hi = e.replicas if hi is None else max(hi, e.replicas)
+        lo = e.replicas if lo is None else min(lo, e.replicas)
+    return kept[::-1]
+
+
 def history_to_status(history: History) -> dict:
     """A pool's History as status keeps it: the stabilization windows' recommendations and
     resizes (the newest MEMORY_ITEMS of each), and what the law learned -- the capacity
     correction (rule 3b), the engines' step time (3b'), what those were learned on, the pods'
     start time and the demand of the trend window (3d) -- so that a failover does not relearn
     them."""
-    out: dict = {"recommendations": [[round(e.at, 3), e.replicas] for e in history.recommendations[-MEMORY_ITEMS:]],
+    recs = stabilizing(history.recommendations)
+    out: dict = {"recommendations": [[round(e.at, 3), e.replicas] for e in recs[-MEMORY_ITEMS:]],
                  "changes": [[round(c.at, 3), c.before, c.after] for c in history.changes[-MEMORY_ITEMS:]],
                  "demands": [[round(at, 3), round(d, 3)] for at, d in history.demands[-MEMORY_ITEMS:]]}
     if history.capacity_factor < 1.0:
