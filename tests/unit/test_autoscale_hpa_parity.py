@@ -117,3 +117,28 @@ def test_the_recommendations_left_out_of_status_change_no_window():
             full = [e.replicas for e in recs if now - e.at < w]
             part = [e.replicas for e in kept if now - e.at < w]
             assert (max(full, default=None), min(full, default=None)) == (max(part, default=None), min(part, default=None))
+
+
+def test_a_signal_above_target_never_recommends_fewer_replicas():
+    # 6 replicas, 2 Ready, 4 Pending (Unschedulable): TTFT 1.5x the target. ceil(2 x 1.5) = 3
+    # took the pool from 6 down to 3 with its latency above target. HPA counts Pending pods as
+    # unready, at 0 usage on a scale-up, and keeps the current size when the count would go
+    # against the metric's direction (replica_calculator.go:214, 240-259)
+    from pd_operator.api.models import PrefillAutoscaling
+    from pd_operator.autoscale.decide import PoolState, Signal, decide
+
+    pol = PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=10,
+                             behavior={"scale_down": {"stabilization_window_seconds": 0}})
+    h = History(recommendations=[Event(0.0, 6)])
+    d = decide(pol, PoolState(replicas=6, ready=2, unschedulable=4), Signal(1.5, 1000.0), h, now=1000.0)
+    assert d.replicas == 6 and d.recommendation >= 6, d.reason
+    # and below target never more (ready above the desired size: pods of a scale-down still terminating)
+    d = decide(pol, PoolState(replicas=4, ready=8), Signal(0.8, 1030.0), h, now=1030.0)
+    assert d.replicas == 4 and d.recommendation <= 4, d.reason
+    # the secondary signals alike
+    pol2 = PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=10,
+                              behavior={"scale_down": {"stabilization_window_seconds": 0}},
+                              secondary_targets=[{"metric": "queueDepth", "average_value": 4}])
+    d = decide(pol2, PoolState(replicas=6, ready=2, unschedulable=4), Signal(0.2, 1060.0, secondaries={"queueDepth": 6.0}),
+               History(recommendations=[Event(0.0, 6)]), now=1060.0)
+    assert d.replicas == 6, d.reason

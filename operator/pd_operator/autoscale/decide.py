@@ -375,7 +375,14 @@ def _feedback(observed: float, target: float, current: int, ready: int, toleranc
     scale = ratio
     if 0 < floor < target:
         scale = max(0.0, observed - floor) / (target - floor)
-    return math.ceil(max(ready, 1) * scale), "above" if ratio > 1 else "below"
+    rec = math.ceil(max(ready, 1) * scale)
+    # never against the signal: with fewer Ready than desired (pods Pending or starting) a signal
+    # above target would otherwise recommend fewer replicas, and with more (a scale-down's pods
+    # still terminating) one below it more; HPA keeps the current size then
+    # (replica_calculator.go:250-259)
+    if ratio > 1:
+        return max(rec, current), "above"
+    return min(rec, current), "below"
 
 
 def rising(history: History, demand: float | None, tolerance: float) -> float | None:
