@@ -142,3 +142,20 @@ def test_a_signal_above_target_never_recommends_fewer_replicas():
     d = decide(pol2, PoolState(replicas=6, ready=2, unschedulable=4), Signal(0.2, 1060.0, secondaries={"queueDepth": 6.0}),
                History(recommendations=[Event(0.0, 6)]), now=1060.0)
     assert d.replicas == 6, d.reason
+
+
+def test_a_zero_latency_target_is_refused_at_validation_not_a_division_by_zero_each_round():
+    # target value "0ms" matched the Duration pattern; decide() then divided by it
+    # (ZeroDivisionError every round: the pool never autoscaled and status never said why)
+    import pytest
+    from pydantic import ValidationError
+
+    from pd_operator.api.models import DecodeAutoscaling, PrefillAutoscaling
+
+    for zero in ("0ms", "0s", "0.0s", "00ms"):
+        with pytest.raises(ValidationError):
+            PrefillAutoscaling(enabled=True, max_replicas=3, target={"value": zero})
+        with pytest.raises(ValidationError):
+            DecodeAutoscaling(enabled=True, max_replicas=3, target={"value": zero})
+    for ok in ("0.5s", "50ms", "1s", "1.0s", "10ms", "0.05s"):
+        assert PrefillAutoscaling(enabled=True, max_replicas=3, target={"value": ok}).target.value == ok

@@ -48,6 +48,9 @@ DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, min_length=1, max
 SecretName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, min_length=1, max_length=253)]
 QualifiedName = Annotated[str, StringConstraints(pattern=QUALIFIED_NAME, min_length=1, max_length=316)]
 Duration = Annotated[str, StringConstraints(pattern=DURATION, max_length=32)]
+# A duration above zero (a latency target: the autoscaler divides by it)
+POSITIVE_DURATION = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(ms|s|m|h)$"
+PositiveDuration = Annotated[str, StringConstraints(pattern=POSITIVE_DURATION, max_length=32)]
 Arg = Annotated[str, StringConstraints(max_length=4096)]
 ShortStr = Annotated[str, StringConstraints(max_length=253)]
 
@@ -569,21 +572,21 @@ class LatencyTarget(Base):
     """The latency quantile a pool is sized to hold."""
 
     quantile: float = Field(0.99, ge=0.5, le=0.999, description="Quantile of the latency distribution to hold at the target, e.g. 0.99.")
-    value: Duration = Field(description="Target latency, e.g. 1s or 50ms.")
+    value: PositiveDuration = Field(description="Target latency above zero, e.g. 1s or 50ms.")
 
 
 class PrefillTarget(LatencyTarget):
     """Prefill is sized on time to first token (TTFT)."""
 
     metric: Literal["ttft"] = Field("ttft", description="Signal: ttft (time to first token).")
-    value: Duration = Field("1s", description="TTFT target, e.g. 1s.")
+    value: PositiveDuration = Field("1s", description="TTFT target above zero, e.g. 1s.")
 
 
 class DecodeTarget(LatencyTarget):
     """Decode is sized on inter-token latency (ITL)."""
 
     metric: Literal["itl"] = Field("itl", description="Signal: itl (inter-token latency).")
-    value: Duration = Field("50ms", description="ITL target, e.g. 50ms.")
+    value: PositiveDuration = Field("50ms", description="ITL target above zero, e.g. 50ms.")
 
 
 SecondaryMetric = Literal["queueDepth", "kvCacheUsage"]
