@@ -399,3 +399,36 @@ def test_with_the_free_gpu_cap_off_the_cluster_is_not_read_and_nothing_caps_a_sc
     capped = FakeKube(gpu_view=([], []))
     Autoscaler(capped, Signals(ttft=3.0, itl=0.2), lambda *a: None, clock=lambda: 1000.0).run_once([body()], force=True)
     assert capped.replicas["svc-decode"] == 1
+
+
+def test_no_scale_up_while_the_pools_pods_cannot_be_created():
+    """A StatefulSet that has seen its size but could not create its pods (a ResourceQuota on
+    GPUs, Pod Security) has no Pending pod to stop the scale-up: the pods are missing, not
+    Unschedulable. Each round added replicas up to maxReplicas that would never exist (and
+    that the GPU budget counted)."""
+    class QuotaKube(FakeKube):
+        def get(self, kind, namespace, name):
+            sts = super().get(kind, namespace, name)
+            if sts is not None and name == "svc-decode":
+                sts["metadata"] = {"generation": 7}
+                sts["status"] = {"replicas": 1, "readyReplicas": 1, "observedGeneration": 7}
+            return sts
+
+    kube = QuotaKube()
+    kube.replicas["svc-decode"] = 2  # one pod created, the other refused by the quota
+    scaler = Autoscaler(kube, Signals(ttft=0.5, itl=0.2), lambda *a: None, clock=lambda: 1000.0)
+    scaler.run_once([body()])
+    assert kube.replicas["svc-decode"] == 2
+    assert "not created" in conditions(kube)["AutoscalingActive"]["message"]
+    # while the StatefulSet has not yet seen the new size, its pods are merely not created yet
+    class LaggingKube(QuotaKube):
+        def get(self, kind, namespace, name):
+            sts = super().get(kind, namespace, name)
+            if sts is not None and name == "svc-decode":
+                sts["status"]["observedGeneration"] = 6
+            return sts
+
+    kube = LaggingKube()
+    kube.replicas["svc-decode"] = 2
+    Autoscaler(kube, Signals(ttft=0.5, itl=0.2), lambda *a: None, clock=lambda: 1000.0).run_once([body()])
+    assert kube.replicas["svc-decode"] > 2  # not seen yet: nothing is known to have failed

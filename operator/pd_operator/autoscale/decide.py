@@ -66,6 +66,9 @@ class PoolState:
     ready: int             # pods Ready
     starting: int = 0      # pods scheduled but not Ready yet
     unschedulable: int = 0  # pods Pending with PodScheduled=False
+    # replicas the workload has seen but has no pod for (its controller could not create them:
+    # a ResourceQuota, Pod Security): no Pending pod shows them
+    uncreated: int = 0
 
 
 @dataclass(frozen=True)
@@ -531,6 +534,10 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     if desired > current and state.unschedulable:
         desired = current
         why += f"; not scaling up: {state.unschedulable} pod(s) Unschedulable (no free GPUs for more)"
+    if desired > current and state.uncreated:
+        desired = current
+        why += (f"; not scaling up: {state.uncreated} replica(s) not created (the workload cannot create "
+                "their pods: see its events, e.g. a ResourceQuota)")
     if desired < current and state.starting:
         desired = current
         why += f"; not scaling down: {state.starting} pod(s) still starting"

@@ -223,8 +223,14 @@ class Autoscaler:
         pods = self.kube.pods(namespace, selector_labels(svc, role))
         ps = pool_status(sts, pods)
         starting = max(0, ps["replicas"] - ps["readyReplicas"] - ps["pendingReplicas"])
+        # replicas the workload has seen (observedGeneration) but has no pod for: its controller
+        # could not create them (a ResourceQuota, Pod Security); no Pending pod shows them
+        generation = (sts.get("metadata") or {}).get("generation")
+        observed = (sts.get("status") or {}).get("observedGeneration")
+        seen = generation is not None and observed is not None and observed >= generation
+        uncreated = max(0, ps["desiredReplicas"] - ps["replicas"]) if seen else 0
         return PoolState(replicas=ps["desiredReplicas"], ready=ps["readyReplicas"], starting=starting,
-                         unschedulable=ps["pendingReplicas"]), sts
+                         unschedulable=ps["pendingReplicas"], uncreated=uncreated), sts
 
     def gpu_view(self) -> GPUView | None:
         """The cluster's free GPUs for this round; None when the operator may not
