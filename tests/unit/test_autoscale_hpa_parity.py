@@ -159,3 +159,21 @@ def test_a_zero_latency_target_is_refused_at_validation_not_a_division_by_zero_e
             DecodeAutoscaling(enabled=True, max_replicas=3, target={"value": zero})
     for ok in ("0.5s", "50ms", "1s", "1.0s", "10ms", "0.05s"):
         assert PrefillAutoscaling(enabled=True, max_replicas=3, target={"value": ok}).target.value == ok
+
+
+def test_a_stalled_pool_is_not_read_as_a_pool_of_no_capacity():
+    # decode pods with requests waiting at every pod and nothing generated in the window (a
+    # hung engine, a KV transfer that never completes): 'saturated', and produced 0 made the
+    # capacity correction halve every 90 s, doubling the floor each time up to maxReplicas,
+    # and the factor (kept in status) stayed near 0 after the stall
+    from pd_operator.api.models import DecodeAutoscaling
+    from pd_operator.autoscale.decide import PoolState, Signal, decide
+
+    pol = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=32)
+    h, n = History(recommendations=[Event(0.0, 4)]), 4
+    for i in range(14):
+        now = 1000.0 + 30 * i
+        s = Signal(observed=0.0, observed_at=now, demand=8000.0, capacity=2000.0, produced=0.0, utilization=0.85,
+                   waiting=40.0, waiting_min=10.0, latency_saturates=True)
+        n = decide(pol, PoolState(n, n), s, h, now).replicas
+    assert n == 4 and h.capacity_factor == 1.0

@@ -346,7 +346,9 @@ def _corrected_capacity(signal: Signal, state: PoolState, target: float, toleran
     settled = is_settled(state, history, now)
     if settled and signal.produced is not None:
         sample = min(1.0, signal.produced / state.ready / (cap / max(signal.utilization, 1e-9)))
-        if saturated and now - history.saturated_since >= SATURATED_S:
+        # nothing produced in a whole window is a stall (a hung engine, a KV transfer that never
+        # completes), not a capacity: read as one, the factor fell to 0 and the floor to maxReplicas
+        if saturated and now - history.saturated_since >= SATURATED_S and signal.produced > 0:
             # saturated for a whole rate window: a replica sustains what it produced, no more
             history.capacity_factor = ((1 - CORRECTION_WEIGHT) * history.capacity_factor
                                        + CORRECTION_WEIGHT * sample)
