@@ -432,3 +432,33 @@ def test_no_scale_up_while_the_pools_pods_cannot_be_created():
     kube.replicas["svc-decode"] = 2
     Autoscaler(kube, Signals(ttft=0.5, itl=0.2), lambda *a: None, clock=lambda: 1000.0).run_once([body()])
     assert kube.replicas["svc-decode"] > 2  # not seen yet: nothing is known to have failed
+
+
+def test_status_metrics_are_the_figures_read_this_round_never_stale_ones_restamped():
+    """status.metrics.observedAt is 'when these figures were read' and TTFT/ITL are kubectl's
+    columns: a round that read nothing (Prometheus down, no series) stamped observedAt anew
+    over the last round's figures, showing a TTFT of any age as current."""
+    import copy
+
+    kube = FakeKube()
+    Autoscaler(kube, Signals(ttft=0.5, itl=0.04), lambda *a: None, clock=lambda: 1000.0).run_once([body()])
+    assert kube.status["metrics"]["ttft"] == "500ms p99" and kube.status["metrics"]["observedAt"]
+    b = body()
+    b["status"] = copy.deepcopy(kube.status)
+    b["status"]["metrics"]["observedAt"] = "2026-01-01T00:00:00Z"
+
+    def down(*a, **kw):
+        raise ConnectionError("prometheus down")
+
+    Autoscaler(kube, down, lambda *a: None, clock=lambda: 2000.0).run_once([b])
+    metrics = kube.status["metrics"]
+    assert "ttft" not in metrics and "itl" not in metrics
+    assert metrics.get("observedAt") in (None, "2026-01-01T00:00:00Z")
+    # one pool read, the other not: only the figure read
+    class Half(Signals):
+        def __call__(self, prom, engine, role, quantile, secondaries=frozenset()):
+            return super().__call__(prom, engine, role, quantile, secondaries) if role == "decode" else {}
+
+    Autoscaler(kube, Half(itl=0.04), lambda *a: None, clock=lambda: 3000.0).run_once([b])
+    metrics = kube.status["metrics"]
+    assert "ttft" not in metrics and metrics["itl"] == "40ms p99" and metrics["observedAt"] != "2026-01-01T00:00:00Z"

@@ -482,12 +482,15 @@ class Autoscaler:
                 patch[role] = {"lastScaleTime": at, "lastScaleReason": why}
             if role in histories:
                 patch.setdefault(role, {})["autoscaler"] = history_to_status(histories[role])
-        metrics = dict(status.get("metrics") or {})
+        # the figures read this round, stamped with it: a figure not read now (Prometheus down, no
+        # series) is left out, never shown as current under a new observedAt
+        metrics = {}
         for role, key in (("prefill", "ttft"), ("decode", "itl")):
             obs = inputs[role].observation
             if obs is not None and obs.observed is not None:  # "420ms p99": the quantile the pool is sized on
                 metrics[key] = f"{_ms(obs.observed)} p{spec.pool(role).autoscaling.target.quantile * 100:g}"
-        metrics["observedAt"] = stamp
+        if metrics:
+            metrics["observedAt"] = stamp
         patch["metrics"] = metrics
         why = "; ".join(f"{r}: {d.reason}" for r, d in decisions.items())
         available = all(d.metrics_available for d in decisions.values()) and not unreachable and prom is not None
