@@ -177,3 +177,30 @@ def test_a_stalled_pool_is_not_read_as_a_pool_of_no_capacity():
                    waiting=40.0, waiting_min=10.0, latency_saturates=True)
         n = decide(pol, PoolState(n, n), s, h, now).replicas
     assert n == 4 and h.capacity_factor == 1.0
+
+
+def test_the_windows_remember_the_recommendation_before_min_and_max():
+    # HPA records the metrics' recommendation before minReplicas/maxReplicas
+    # (prenormalizedDesiredReplicas, horizontal.go:1298-1300) and applies the bounds after the
+    # windows (convertDesiredReplicasWithBehaviorRate, :1317-1368). Recording the clamped value
+    # made an edit of the bounds wait for the windows: minReplicas lowered from 5 to 1 on a quiet
+    # pool held 5 for the 300 s scale-down window; maxReplicas raised with a scale-up window held
+    # the old maximum for that window
+    from pd_operator.api.models import PrefillAutoscaling
+    from pd_operator.autoscale.decide import PoolState, Signal, decide
+
+    h = History()
+    for t in (1000.0, 1030.0, 1060.0, 1090.0, 1120.0, 1150.0, 1180.0, 1210.0, 1240.0, 1270.0, 1300.0, 1330.0):
+        d = decide(PrefillAutoscaling(enabled=True, min_replicas=5, max_replicas=10), PoolState(5, 5), Signal(0.1, t), h, t)
+        assert d.replicas == 5
+    d = decide(PrefillAutoscaling(enabled=True, min_replicas=1, max_replicas=10), PoolState(5, 5), Signal(0.1, 1360.0), h, 1360.0)
+    assert d.replicas == 1, d.reason
+
+    up = {"scale_up": {"stabilization_window_seconds": 120}}
+    h = History()
+    for t in (1000.0, 1030.0, 1060.0, 1090.0, 1120.0, 1150.0):
+        d = decide(PrefillAutoscaling(enabled=True, max_replicas=5, behavior=up), PoolState(5, 5),
+                   Signal(2.0, t), h, t)
+        assert d.replicas == 5
+    d = decide(PrefillAutoscaling(enabled=True, max_replicas=10, behavior=up), PoolState(5, 5), Signal(2.0, 1180.0), h, 1180.0)
+    assert d.replicas == 10, d.reason

@@ -223,12 +223,15 @@ def _rate_limit(rules: ScalingRules, current: int, history: History, now: float,
 
 
 def apply_behavior(rec: int, current: int, history: History, now: float,
-                   up_rules: ScalingRules = DEFAULT_UP, down_rules: ScalingRules = DEFAULT_DOWN) -> tuple[int, str]:
+                   up_rules: ScalingRules = DEFAULT_UP, down_rules: ScalingRules = DEFAULT_DOWN,
+                   lo: int | None = None) -> tuple[int, str]:
     """HPA's behaviour on a recommendation: the stabilization windows (up: the
     lowest recommendation in the window, down: the highest), then the rate
     limits. Records ``rec`` in ``history.recommendations``; the caller records
-    the resize it makes (``history.changes``). Returns the size and a note for
-    the reason ("" when the windows did not hold the pool back)."""
+    the resize it makes (``history.changes``) and applies min/max after (``rec`` is
+    the recommendation before them, as HPA records it; ``lo``: minReplicas, for the
+    note only). Returns the size and a note for the reason ("" when the windows did
+    not hold the pool back)."""
     window_up = up_rules.stabilization_window_seconds or 0
     window_down = down_rules.stabilization_window_seconds or 0
     # HPA's windows: this recommendation and those younger than the window (a strict cutoff,
@@ -241,7 +244,7 @@ def apply_behavior(rec: int, current: int, history: History, now: float,
         desired = max(current, min(in_up))
     elif rec < current:
         desired = min(current, max(in_down))
-        if desired > rec:
+        if desired > max(rec, lo or 0):
             note = f"; scale-down held at {desired} by the {window_down}s stabilization window"
     # a limit past the current size (the period's earlier changes used it up) holds the pool
     # where it is, never moves it against the recommendation (HPA horizontal.go:1327-1330, 1350-1353)
@@ -523,13 +526,15 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
         history.scaled_up = None
 
     # 2./3. recommendation: the largest of the signals'
-    rec, why = _recommend(policy, state, signal, history, now, interval_seconds)
-    rec = max(lo, min(rec, hi))
+    raw, why = _recommend(policy, state, signal, history, now, interval_seconds)
+    rec = max(lo, min(raw, hi))
 
-    # 5. HPA behaviour: stabilization windows, rate limits
+    # 5. HPA behaviour: stabilization windows, rate limits; the windows remember the
+    # recommendation before min/max, which apply after them (horizontal.go:1298-1300,
+    # 1317-1368): an edit of the bounds takes effect at once, not after a window
     up_rules = _rules(policy.behavior.scale_up, DEFAULT_UP)
     down_rules = _rules(policy.behavior.scale_down, DEFAULT_DOWN)
-    desired, note = apply_behavior(rec, current, history, now, up_rules, down_rules)
+    desired, note = apply_behavior(raw, current, history, now, up_rules, down_rules, lo)
     why += note
 
     # 4. guards
