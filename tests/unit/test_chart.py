@@ -206,6 +206,18 @@ def test_two_replicas_by_default_one_writer_by_lease():
 
 
 @needs_helm
+def test_the_pdb_never_holds_a_node_drain_on_replicas_that_are_not_ready():
+    """Under the default unhealthyPodEvictionPolicy (IfHealthyBudget) a Running but unready
+    pod is evicted only while currentHealthy >= desiredHealthy (k8s
+    pkg/registry/core/pod/storage/eviction.go, the !IsPodReady branch): with both replicas
+    crash-looping (currentHealthy 0, desiredHealthy 1) `kubectl drain` retries for ever.
+    AlwaysAllow evicts such pods; Ready ones stay guarded by maxUnavailable 1."""
+    (pdb,) = by_kind(template(), "PodDisruptionBudget")
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@needs_helm
 def test_the_admission_webhook_is_wired_and_never_blocks_the_cluster():
     """Issue 15: kubectl apply gets the operator's answer at once; an operator
     that is down blocks nothing (failurePolicy Ignore)."""
