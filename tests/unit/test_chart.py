@@ -601,3 +601,58 @@ def test_a_release_upgraded_with_reuse_values_keeps_the_free_gpu_cap():
         docs = [d for d in yaml.safe_load_all(helm(*argv).stdout) if d]
     (deploy,) = by_kind(docs, "Deployment")
     assert "--no-free-gpu-cap" not in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def _without_certificates(docs: list[dict]) -> list[dict]:
+    """The rendering minus what differs at every render (the webhook's new CA and certificate)."""
+    out = []
+    for d in docs:
+        d = json.loads(json.dumps(d))
+        if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-webhook-tls"):
+            d["data"] = {}
+        for hook in d.get("webhooks") or []:
+            hook["clientConfig"].pop("caBundle", None)
+        out.append(d)
+    return out
+
+
+@needs_helm
+def test_an_upgrade_with_reuse_values_from_an_older_chart_renders_the_defaults(tmp_path):
+    """helm upgrade --reuse-values renders the new templates with the previous release's
+    coalesced values in place of the new values.yaml (helm v3.22.0 pkg/action/upgrade.go
+    reuseValues: `chart.Values = oldVals`): every key the chart added since is missing.
+    Before, a missing section failed the upgrade (`nil pointer evaluating
+    interface {}.enabled` for leaderElection, webhook, podDisruptionBudget, autoscaling)
+    and a missing replicas rendered `replicas: null` (1 replica, no PDB). The templates
+    now fill missing keys from the generated templates/_defaults.tpl, keeping what is set."""
+    import shutil
+
+    old = tmp_path / "pd-operator"
+    shutil.copytree(CHART, old)
+
+    def render(values: dict) -> list[dict]:
+        (old / "values.yaml").write_text(yaml.safe_dump(values))
+        out = helm("template", "pd-operator", str(old), "--namespace", "pd-operator-system").stdout
+        return [d for d in yaml.safe_load_all(out) if d]
+
+    want = _without_certificates(template())
+    defaults = chart.Values().model_dump(by_alias=True, mode="json")
+    assert _without_certificates(render({})) == want  # a release whose chart had none of today's keys
+    # every section there, none of its keys
+    assert _without_certificates(render({k: {} for k, v in defaults.items() if isinstance(v, dict)})) == want
+    # what the old release set stays, false included (sprig's merge would turn it back to true)
+    docs = render({"webhook": {"enabled": False}, "autoscaling": {"freeGPUCap": False}, "replicas": 1})
+    assert not by_kind(docs, "ValidatingWebhookConfiguration") and not by_kind(docs, "PodDisruptionBudget")
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 1 and "--no-free-gpu-cap" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--lease-duration=15" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_every_template_fills_missing_values_first():
+    """Each template (and NOTES.txt) reads .Values only after filling what is missing
+    (a template rendered without it would fail on a key --reuse-values dropped)."""
+    for path in sorted((CHART / "templates").iterdir()):
+        if path.name.startswith("_"):
+            continue
+        first = path.read_text().splitlines()[0]
+        assert first == '{{- include "pd-operator.fillDefaults" . -}}', path.name

@@ -7,7 +7,7 @@ configuration table of the chart's README.md. The CRD in
 ``charts/pd-operator/crds/`` is the one ``pdctl crd`` prints (Helm installs
 ``crds/`` first and never templates it).
 
-    pdctl chart            write the three files into charts/pd-operator
+    pdctl chart            write them (and templates/_defaults.tpl) into charts/pd-operator
     pdctl chart --check    exit 1 when any of them is stale
 """
 
@@ -349,6 +349,47 @@ def readme_with_table(readme: str) -> str:
     return readme[:start] + values_table() + readme[end:]
 
 
+# -- templates/_defaults.tpl -----------------------------------------------------------
+
+DEFAULTS_TPL = "templates/_defaults.tpl"
+
+
+def defaults_tpl() -> str:
+    """The chart's defaults for the templates themselves: ``helm upgrade --reuse-values``
+    replaces the new chart's values.yaml with the old release's coalesced values (helm
+    pkg/action/upgrade.go reuseValues: ``chart.Values = oldVals``), so a key added since
+    that release is missing, and a template reading it failed (nil pointer) or rendered
+    an empty field. Every template first fills what is missing from these."""
+    defaults = json.dumps(Values().model_dump(by_alias=True, mode="json"), sort_keys=True, separators=(",", ":"))
+    return "\n".join([
+        "{{- /*", HEADER.strip().lstrip("# "),
+        "The chart's default values (values.yaml), for keys missing from .Values: helm upgrade",
+        "--reuse-values renders with the previous release's values only (helm pkg/action/upgrade.go",
+        "reuseValues), so a key added to the chart since is absent. Every template starts with",
+        '`include "pd-operator.fillDefaults" .`, which adds each missing key (recursively) and',
+        "changes nothing that is set: unlike sprig's merge, a false, 0 or empty value stays. */ -}}",
+        '{{- define "pd-operator.defaults" -}}',
+        defaults,
+        "{{- end -}}",
+        "",
+        '{{- define "pd-operator.fillDefaults" -}}',
+        '{{- include "pd-operator.fillMissing" (list .Values (include "pd-operator.defaults" . | fromJson)) -}}',
+        "{{- end -}}",
+        "",
+        '{{- define "pd-operator.fillMissing" -}}',
+        "{{- $dst := index . 0 -}}",
+        "{{- range $key, $value := index . 1 -}}",
+        "{{- if not (hasKey $dst $key) -}}",
+        "{{- $_ := set $dst $key $value -}}",
+        '{{- else if and (kindIs "map" $value) (kindIs "map" (index $dst $key)) -}}',
+        '{{- include "pd-operator.fillMissing" (list (index $dst $key) $value) -}}',
+        "{{- end -}}",
+        "{{- end -}}",
+        "{{- end -}}",
+        "",
+    ])
+
+
 # -- the files -----------------------------------------------------------------------
 
 
@@ -358,6 +399,7 @@ def generated_files() -> dict[str, str]:
         "values.yaml": values_yaml(),
         "values.schema.json": values_schema_json(),
         "crds/pdinferenceservices.yaml": crd_yaml(),
+        DEFAULTS_TPL: defaults_tpl(),
     }
 
 
