@@ -656,3 +656,19 @@ def test_every_template_fills_missing_values_first():
             continue
         first = path.read_text().splitlines()[0]
         assert first == '{{- include "pd-operator.fillDefaults" . -}}', path.name
+
+
+@needs_helm
+@pytest.mark.parametrize("sets", [("livenessPort=9090",), ("webhook.port=9090",), ("livenessPort=9443",)])
+def test_ports_that_collide_are_refused(sets):
+    """The operator binds /metrics (prometheus_client start_http_server), the webhook and
+    /healthz on separate sockets (controller/main.py): two on one port fail with EADDRINUSE
+    at start and the pods crash-loop, while the API server only warns of the duplicate
+    containerPort (k8s pkg/api/pod/warnings.go). The chart refuses instead."""
+    argv = ["template", "x", str(CHART)]
+    for s in sets:
+        argv += ["--set", s]
+    r = helm(*argv, check=False)
+    assert r.returncode != 0 and "must differ" in r.stderr, r.stderr
+    # the webhook port is free to match another when there is no webhook
+    assert by_kind(template("webhook.enabled=false", "webhook.port=9090"), "Deployment")
