@@ -11,6 +11,12 @@ image="ghcr.io/pd-operator/pd-operator:$version"
 docker build -f "$ROOT/operator/Dockerfile" -t "$image" "$ROOT"
 kind load docker-image "$image" --name "$name"
 kubeconfig="${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator/kind/$name/kubeconfig"
+# Helm never upgrades crds/ (and the chart refuses a CRD that is not its own):
+# apply this checkout's first, as the chart README says for every upgrade.
+kubectl --kubeconfig "$kubeconfig" apply --server-side --force-conflicts \
+  -f "$ROOT/charts/pd-operator/crds/pdinferenceservices.yaml"
+kubectl --kubeconfig "$kubeconfig" wait --for=condition=Established \
+  crd/pdinferenceservices.pdserving.io --timeout=60s
 # IfNotPresent + the loaded tag: the kind nodes never pull it.
 helm upgrade --install pd-operator "$ROOT/charts/pd-operator" --kubeconfig "$kubeconfig" \
   --namespace pd-operator-system --create-namespace --set image.pullPolicy=IfNotPresent --wait

@@ -672,3 +672,42 @@ def test_ports_that_collide_are_refused(sets):
     assert r.returncode != 0 and "must differ" in r.stderr, r.stderr
     # the webhook port is free to match another when there is no webhook
     assert by_kind(template("webhook.enabled=false", "webhook.port=9090"), "Deployment")
+
+
+@needs_helm
+def test_an_upgrade_onto_an_older_crd_is_refused(tmp_path):
+    """Helm installs crds/ on first install only, skipping a CRD that exists (helm v3.22.0
+    pkg/action/install.go:261-268), and pkg/action/upgrade.go never reads crds/: an upgrade
+    that forgot `kubectl apply` of the new CRD ran the new operator on the old schema, whose
+    pruning (apiextensions-apiserver pkg/apiserver/customresource_handler.go:1434) drops the
+    fields it does not know from specs and the operator's status writes. The CRD carries
+    the hash of its spec; the chart fails when the installed one's differs."""
+    import shutil
+
+    from pd_operator.api.crd import SCHEMA_HASH_ANNOTATION, generate_crd, schema_hash
+
+    crd = generate_crd()
+    want = crd["metadata"]["annotations"][SCHEMA_HASH_ANNOTATION]
+    assert want == schema_hash(crd["spec"])
+    chart_crd = yaml.safe_load((CHART / "crds" / "pdinferenceservices.yaml").read_text())
+    assert chart_crd["metadata"]["annotations"][SCHEMA_HASH_ANNOTATION] == want
+    check = (CHART / "templates" / "crd-check.yaml").read_text()
+    assert '(lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "pdinferenceservices.pdserving.io")' in check
+
+    copy = tmp_path / "pd-operator"
+    shutil.copytree(CHART, copy)
+
+    def render(installed: dict) -> subprocess.CompletedProcess:
+        # what lookup would return, handed to the same check
+        (copy / "templates" / "zz-installed.yaml").write_text(
+            '{{- include "pd-operator.crdCheck" (list . (%s | fromJson)) -}}\n' % json.dumps(json.dumps(installed)))
+        return helm("template", "pd-operator", str(copy), check=False)
+
+    def annotated(value: str) -> dict:
+        return {"metadata": {"name": crd["metadata"]["name"], "annotations": {SCHEMA_HASH_ANNOTATION: value}}}
+
+    assert render({}).returncode == 0  # helm template / lint: nothing looked up
+    assert render(annotated(want)).returncode == 0
+    for old in ({"metadata": {"name": crd["metadata"]["name"]}}, annotated("0123456789abcdef")):
+        r = render(old)
+        assert r.returncode != 0 and "Helm never upgrades crds/" in r.stderr and want in r.stderr, r.stderr

@@ -91,3 +91,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: [get]
 {{- end }}
 {{- end -}}
+
+{{/* Refuse to roll this operator onto a CustomResourceDefinition other than its own.
+     Helm installs crds/ only when the release is first installed (and skips a CRD that
+     already exists) and never upgrades it: with an older CRD in the cluster the API
+     server prunes every field it does not know from specs and from the operator's
+     status writes. Argument: (list . installedCRD); an empty installedCRD (helm
+     template, lint, client dry-runs: lookup finds nothing) checks nothing. */}}
+{{- define "pd-operator.crdCheck" -}}
+{{- $root := index . 0 -}}
+{{- $installed := index . 1 -}}
+{{- if $installed -}}
+{{- $key := "pdserving.io/schema-hash" -}}
+{{- $want := dig "metadata" "annotations" $key "" ($root.Files.Get "crds/pdinferenceservices.yaml" | fromYaml) -}}
+{{- $got := dig "metadata" "annotations" $key "" $installed -}}
+{{- if ne $got $want -}}
+{{- fail (printf "the CustomResourceDefinition pdinferenceservices.pdserving.io in the cluster is not this chart's (%s %q, the chart's %q), and Helm never upgrades crds/: apply the chart's first, e.g. `helm show crds CHART | kubectl apply --server-side --force-conflicts -f -` or `kubectl apply --server-side --force-conflicts -f charts/pd-operator/crds/pdinferenceservices.yaml`, then upgrade again" $key $got $want) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

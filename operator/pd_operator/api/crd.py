@@ -8,6 +8,8 @@ structural OpenAPI v3 schema as the API server wants it.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 import yaml
@@ -16,6 +18,11 @@ from .constants import CATEGORIES, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, V
 from .models import PDInferenceServiceSpec, PDInferenceServiceStatus
 
 HEADER = "# Generated from operator/pd_operator/api by `pdctl crd`; do not edit.\n"
+
+# The hash of the CRD's spec, on the CRD: Helm never upgrades a chart's crds/, and the
+# chart refuses to roll an operator onto an installed CRD whose hash differs from its own
+# (charts/pd-operator/templates/crd-check.yaml).
+SCHEMA_HASH_ANNOTATION = "pdserving.io/schema-hash"
 
 PRINTER_COLUMNS = [
     {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.kind"},
@@ -119,7 +126,17 @@ def openapi_schema() -> dict:
     }
 
 
+def schema_hash(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 def generate_crd() -> dict:
+    crd = _crd()
+    crd["metadata"]["annotations"] = {SCHEMA_HASH_ANNOTATION: schema_hash(crd["spec"])}
+    return crd
+
+
+def _crd() -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
