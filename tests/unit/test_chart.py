@@ -711,3 +711,18 @@ def test_an_upgrade_onto_an_older_crd_is_refused(tmp_path):
     for old in ({"metadata": {"name": crd["metadata"]["name"]}}, annotated("0123456789abcdef")):
         r = render(old)
         assert r.returncode != 0 and "Helm never upgrades crds/" in r.stderr and want in r.stderr, r.stderr
+
+
+@needs_helm
+def test_resource_quantities_as_the_api_server_reads_them():
+    """A resource.Quantity is a string of its form or a bare number (apimachinery
+    pkg/api/resource/quantity.go: UnmarshalJSON strips quotes only when present).
+    The schema refused `--set resources.limits.cpu=2` and `cpu: 1` in a values file
+    (got number, want string) and let `memory: 1 Gi` through to a Deployment the API
+    server refuses."""
+    (deploy,) = by_kind(template("resources.limits.cpu=2", "resources.requests.cpu=1"), "Deployment")
+    res = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"cpu": 2, "memory": "512Mi"} and res["requests"] == {"cpu": 1, "memory": "256Mi"}
+    for bad in ("resources.limits.memory=1 Gi", "resources.requests.cpu=lots"):
+        r = helm("template", "x", str(CHART), "--set-string", bad, check=False)
+        assert r.returncode != 0 and "/resources/" in r.stderr, (bad, r.stderr)

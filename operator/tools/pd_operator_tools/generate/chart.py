@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from pd_operator import __version__
 from pd_operator.api.crd import crd_yaml
@@ -80,13 +80,19 @@ class ServiceAccount(_M):
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations, e.g. for workload identity.")
 
 
+# A resource.Quantity as the API server reads it: a string of that form, or a bare
+# number (apimachinery pkg/api/resource/quantity.go: splitREString; UnmarshalJSON takes both)
+Quantity = Union[Annotated[str, StringConstraints(pattern=r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")],
+                 Annotated[float, Field(ge=0)]]
+
+
 class Resources(_M):
     """Operator container resources."""
 
-    requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"},
-                                     description="Requests.")
-    limits: dict[str, str] = Field(default_factory=lambda: {"memory": "512Mi"},
-                                   description="Limits (no CPU limit: reconcile bursts are short).")
+    requests: dict[str, Quantity] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"},
+                                          description="Requests.")
+    limits: dict[str, Quantity] = Field(default_factory=lambda: {"memory": "512Mi"},
+                                        description="Limits (no CPU limit: reconcile bursts are short).")
 
 
 class ServiceMonitor(_M):
