@@ -726,3 +726,17 @@ def test_resource_quantities_as_the_api_server_reads_them():
     for bad in ("resources.limits.memory=1 Gi", "resources.requests.cpu=lots"):
         r = helm("template", "x", str(CHART), "--set-string", bad, check=False)
         assert r.returncode != 0 and "/resources/" in r.stderr, (bad, r.stderr)
+
+
+@needs_helm
+@pytest.mark.parametrize("entry", ["", "team-*", "Team-A", "a" * 64])
+def test_watch_namespaces_must_be_namespace_names(entry):
+    """Each entry becomes a Role's metadata.namespace and a --namespace flag. A namespace
+    name is a DNS-1123 label (apimachinery pkg/api/validation/generic.go
+    ValidateNamespaceName). Before, an empty entry rendered `namespace:` (empty) and
+    `--namespace=`, and a glob (which kopf would take) a Role the API server refuses
+    mid-install."""
+    r = helm("template", "x", str(CHART), "--set-string", f"watchNamespaces[0]=ok,watchNamespaces[1]={entry}",
+             check=False)
+    assert r.returncode != 0 and "/watchNamespaces/1" in r.stderr, r.stderr
+    assert by_kind(template("watchNamespaces={team-a,b2}"), "Role")

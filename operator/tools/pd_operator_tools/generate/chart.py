@@ -198,6 +198,12 @@ class Webhook(_M):
                                  description="How long the API server waits for an answer before ignoring it.")
 
 
+# A namespace's name (apimachinery pkg/api/validation/generic.go: ValidateNamespaceName is
+# a DNS-1123 label): each entry becomes a Role's namespace and a --namespace flag, so no
+# globs (kopf would take them; RBAC cannot) and no empty entry.
+NamespaceName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+
+
 class Values(_M):
     """pd-operator chart values."""
 
@@ -216,7 +222,7 @@ class Values(_M):
                                                        alias="podDisruptionBudget",
                                                        description="PodDisruptionBudget of the operator pods "
                                                                    "(with replicas > 1).")
-    watch_namespaces: list[str] = Field(
+    watch_namespaces: list[NamespaceName] = Field(
         default_factory=list, alias="watchNamespaces",
         description="Namespaces to serve, e.g. [team-a, team-b]: the operator writes only there (a Role in "
                     "each). Empty: all (rbac.scope cluster, with cluster-wide writes) or the release namespace "
