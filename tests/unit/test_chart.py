@@ -740,3 +740,18 @@ def test_watch_namespaces_must_be_namespace_names(entry):
              check=False)
     assert r.returncode != 0 and "/watchNamespaces/1" in r.stderr, r.stderr
     assert by_kind(template("watchNamespaces={team-a,b2}"), "Role")
+
+
+@needs_helm
+def test_a_service_monitor_without_its_service_is_refused():
+    """The ServiceMonitor selects the chart's metrics Service (labels ...component: metrics);
+    with metrics.service=false it rendered, matched nothing, and PDOperatorMetricsMissing
+    (absent(up{job="<fullname>-metrics"} == 1)) fired for ever."""
+    r = helm("template", "x", str(CHART), "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.service=false",
+             check=False)
+    assert r.returncode != 0 and "metrics.service" in r.stderr, r.stderr
+    docs = template("metrics.serviceMonitor.enabled=true")
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics")]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert {p["name"] for p in svc["spec"]["ports"]} >= {e["port"] for e in sm["spec"]["endpoints"]}
