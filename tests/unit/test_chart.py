@@ -755,3 +755,20 @@ def test_a_service_monitor_without_its_service_is_refused():
     (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics")]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert {p["name"] for p in svc["spec"]["ports"]} >= {e["port"] for e in sm["spec"]["endpoints"]}
+
+
+@needs_helm
+def test_cluster_wide_reads_only_for_the_free_gpu_cap_and_only_what_it_sends():
+    """The free-GPU cap's one read is kube.cluster_gpu_view: a list of nodes and a list of
+    all pods; nothing gets a node. With autoscaling.freeGPUCap=false the autoscaler never
+    calls it (autoscaler.gpu_view), so the chart grants neither: before, nodes had get
+    (never sent) and both reads stayed granted with the cap off."""
+    nodes = [r for _, r in _rules(template()) if "nodes" in r["resources"]]
+    assert [r["verbs"] for r in nodes] == [["list"]]
+    assert _can(template(), "list", "", "nodes", None)
+    for sets in [("autoscaling.freeGPUCap=false",), ("autoscaling.freeGPUCap=false", "watchNamespaces={a,b}")]:
+        docs = template(*sets)
+        assert not _can(docs, "list", "", "nodes", None), sets
+        assert not _can(docs, "list", "", "pods", "kube-system") or "watchNamespaces={a,b}" not in sets, sets
+    docs = template("autoscaling.freeGPUCap=false", "watchNamespaces={a,b}")
+    assert _can(docs, "list", "", "pods", "a") and not _can(docs, "list", "", "pods", "kube-system")
