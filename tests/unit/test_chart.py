@@ -772,3 +772,51 @@ def test_cluster_wide_reads_only_for_the_free_gpu_cap_and_only_what_it_sends():
         assert not _can(docs, "list", "", "pods", "kube-system") or "watchNamespaces={a,b}" not in sets, sets
     docs = template("autoscaling.freeGPUCap=false", "watchNamespaces={a,b}")
     assert _can(docs, "list", "", "pods", "a") and not _can(docs, "list", "", "pods", "kube-system")
+
+
+@needs_helm
+def test_each_release_in_a_namespace_can_have_its_own_lease(tmp_path):
+    """The Lease name was fixed (controller/leader.py LEASE_NAME, the chart's RBAC
+    resourceNames): two releases in one namespace (e.g. one per team's watchNamespaces)
+    shared it, and since only its holder writes, the second release's replicas stood by
+    for ever and its namespaces were never reconciled. leaderElection.leaseName now names
+    it (--lease-name; the default keeps the old name, so an upgrade never has two Leases
+    and two writers), and the chart refuses a Lease held by another release's pod."""
+    import shutil
+
+    from pd_operator.controller.main import build_parser
+
+    def lease_of(docs):
+        (deploy,) = by_kind(docs, "Deployment")
+        args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader")]
+        (named,) = [r["resourceNames"] for r in role["rules"] if r.get("resourceNames")]
+        return build_parser().parse_args(args).lease_name, named
+
+    assert lease_of(template()) == ("pd-operator-leader", ["pd-operator-leader"])
+    assert lease_of(template("leaderElection.leaseName=team-b-leader")) == ("team-b-leader", ["team-b-leader"])
+    r = helm("template", "x", str(CHART), "--set", "leaderElection.leaseName=Team_B", check=False)
+    assert r.returncode != 0 and "leaseName" in r.stderr
+
+    copy = tmp_path / "pd-operator"
+    shutil.copytree(CHART, copy)
+
+    def render(lease: dict, pod: dict) -> subprocess.CompletedProcess:
+        # what the two lookups would return, handed to the same check
+        (copy / "templates" / "zz-lookups.yaml").write_text(
+            '{{- include "pd-operator.leaseCheck" (list . (%s | fromJson) (%s | fromJson)) -}}\n'
+            % (json.dumps(json.dumps(lease)), json.dumps(json.dumps(pod))))
+        return helm("template", "team-b", str(copy), "--namespace", "ops", check=False)
+
+    held = {"spec": {"holderIdentity": "pd-operator-6d4b9c7f8-abcde_1a2b3c4d"}}
+    pod = lambda instance: {"metadata": {"name": "pd-operator-6d4b9c7f8-abcde",  # noqa: E731
+                                         "labels": {"app.kubernetes.io/instance": instance}}}
+    r = render(held, pod("pd-operator"))
+    assert r.returncode != 0 and "leaderElection.leaseName" in r.stderr, r.stderr
+    assert render(held, pod("team-b")).returncode == 0  # its own pod: an upgrade
+    assert render(held, {}).returncode == 0  # the holder is gone: the Lease expires
+    assert render({}, {}).returncode == 0  # no Lease yet, or helm template
+    assert render({"spec": {"holderIdentity": ""}}, {}).returncode == 0  # released
+    rbac = (CHART / "templates" / "rbac.yaml").read_text()
+    assert 'lookup "coordination.k8s.io/v1" "Lease" .Release.Namespace .Values.leaderElection.leaseName' in rbac
+    assert 'lookup "v1" "Pod" $.Release.Namespace (regexReplaceAll "_[^_]*$" . "")' in rbac

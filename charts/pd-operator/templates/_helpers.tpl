@@ -110,3 +110,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Refuse a Lease another release's operator holds: replicas sharing a Lease have one
+     writer among them, so a second release in the namespace would stand by for ever and
+     never serve its namespaces. The holder identity is POD_NAME_<suffix>
+     (controller/leader.py default_identity). Argument: (list . lease holderPod), what
+     lookup found; an empty lease or pod (none yet, a holder gone, helm template) checks
+     nothing. */}}
+{{- define "pd-operator.leaseCheck" -}}
+{{- $root := index . 0 -}}
+{{- $holder := dig "spec" "holderIdentity" "" (index . 1) -}}
+{{- $pod := index . 2 -}}
+{{- if and $holder $pod (ne (dig "metadata" "labels" "app.kubernetes.io/instance" "" $pod) $root.Release.Name) -}}
+{{- fail (printf "the Lease %s/%s is held by %q, an operator of another release: replicas sharing a Lease have one writer among them, so this release would never serve its namespaces; set leaderElection.leaseName to a name of its own" $root.Release.Namespace $root.Values.leaderElection.leaseName $holder) -}}
+{{- end -}}
+{{- end -}}

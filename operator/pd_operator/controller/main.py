@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the others watch and take over within --lease-duration seconds)")
     p.add_argument("--lease-namespace", default=None,
                    help="namespace of the Lease (default: $POD_NAMESPACE, else the first --namespace, else default)")
+    p.add_argument("--lease-name", default="pd-operator-leader",
+                   help="name of the Lease (default pd-operator-leader); operators sharing a Lease have one "
+                        "writer among them, so each installation in one namespace needs its own")
     p.add_argument("--lease-duration", type=float, default=15.0, help="seconds without renewal before a standby takes over")
     p.add_argument("--lease-renew", type=float, default=5.0, help="seconds between renewals (and a standby's checks)")
     p.add_argument("--webhook-port", type=int, default=0,
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         from .leader import LeaderElector
 
         lease_ns = args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
-        handlers.STATE["elector"] = LeaderElector(Kube(), lease_ns, duration=args.lease_duration, renew=args.lease_renew)
+        handlers.STATE["elector"] = LeaderElector(Kube(), lease_ns, name=args.lease_name,
+                                                 duration=args.lease_duration, renew=args.lease_renew)
     if not args.verbose:
         # kopf logs every handler run at INFO; child events make that a flood.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)

@@ -171,6 +171,12 @@ class LeaderElection(_M):
 
     enabled: bool = Field(True, description="Hold a Lease to be the one replica that writes. false: only with "
                                             "replicas 0 or 1.")
+    lease_name: str = Field(
+        "pd-operator-leader", alias="leaseName", max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="Name of the Lease in the release namespace. Releases sharing a Lease share one writer: "
+                    "give each release installed in the same namespace its own (the chart refuses to install "
+                    "a release whose Lease a pod of another release holds).")
     lease_duration_seconds: int = Field(15, ge=5, le=300, alias="leaseDurationSeconds",
                                         description="Seconds without renewal after which a standby takes over "
                                                     "(after a crash; a clean stop releases the Lease at once).")
