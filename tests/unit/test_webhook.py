@@ -215,3 +215,32 @@ def test_a_check_that_crashes_admits_with_a_warning_not_a_silent_400(monkeypatch
     finally:
         server.shutdown()
         server.server_close()
+
+def test_every_endpoint_takes_ipv6_and_ipv4_by_default(cert):
+    """The chart's probes (/healthz) and Services (metrics, webhook) reach the pod IP, which
+    on an IPv6 single-stack cluster is IPv6. The endpoints bound 0.0.0.0 (--bind default),
+    an IPv4-only socket: the kubelet's probes were refused and killed every replica, and
+    `--bind ::` failed at start (http.server's AF_INET: "Address family for hostname not
+    supported"). The default is now :: with IPv4 too (0.0.0.0 where the node has no IPv6)."""
+    import socket
+
+    from pd_operator.controller.health import HEALTH, default_bind
+    from pd_operator.controller.health import serve as serve_health
+    from pd_operator.controller.main import build_parser
+
+    assert build_parser().parse_args([]).bind is None and default_bind() == "::"  # this host has IPv6
+    health = serve_health(HEALTH, default_bind(), 0)
+    crt, key = cert
+    hook = serve(default_bind(), 0, str(crt), str(key), reload_seconds=0)
+    try:
+        for host, url_host in (("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")):
+            with urllib.request.urlopen(f"http://{url_host}:{health.server_address[1]}/healthz", timeout=10) as resp:
+                assert resp.status == 200, host
+            with socket.create_connection((host, hook.server_address[1]), timeout=10) as raw:
+                ctx = ssl.create_default_context()
+                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+                with ctx.wrap_socket(raw) as tls:
+                    assert tls.version(), host
+    finally:
+        health.shutdown()
+        hook.shutdown()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,34 @@ class Health:
 HEALTH = Health()
 
 
+def default_bind() -> str:
+    """``::`` (every IPv6 and IPv4 address, see ``http_server``) where the node has IPv6,
+    else ``0.0.0.0``. An IPv4-only listener refuses the kubelet's probes and the
+    Services' traffic on an IPv6 single-stack cluster, where the pod IP is IPv6."""
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError:
+        return "0.0.0.0"
+    return "::"
+
+
+def http_server(cls: type[ThreadingHTTPServer], host: str, port: int, handler) -> ThreadingHTTPServer:
+    """``cls`` listening on ``host``:``port`` in the address family of ``host`` (http.server's
+    default, AF_INET, cannot bind an IPv6 address); ``::`` also takes IPv4 (IPV6_V6ONLY off,
+    whatever net.ipv6.bindv6only says)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(cls):
+        address_family = family
+
+        def server_bind(self):
+            if family == socket.AF_INET6 and host in ("::", ""):
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            super().server_bind()
+
+    return Server((host, port), handler)
+
+
 def serve(health: Health, host: str, port: int) -> ThreadingHTTPServer:
     """Serve ``/healthz`` on a daemon thread; returns the server (``.shutdown()`` stops it)."""
 
@@ -63,7 +92,7 @@ def serve(health: Health, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = http_server(ThreadingHTTPServer, host, port, Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
     return server

@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default when no --namespace)")
     p.add_argument("--liveness-port", type=int, default=8080, help="port of the liveness endpoint /healthz (0: off)")
     p.add_argument("--metrics-port", type=int, default=9090, help="port of the Prometheus metrics endpoint (0: off)")
-    p.add_argument("--bind", default="0.0.0.0", help="address the liveness and metrics endpoints bind")
+    p.add_argument("--bind", default=None,
+                   help="address the liveness, metrics and webhook endpoints bind (default: :: with IPv4 too, "
+                        "or 0.0.0.0 where the node has no IPv6)")
     p.add_argument("--prometheus-token-url", action="append", default=[], metavar="URL",
                    help="a Prometheus endpoint that may receive the bearer token of a service's "
                         "spec.autoscaling.prometheus.bearerTokenSecretRef (repeatable; scheme, host, port and a path "
@@ -55,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--lease-renew ({args.lease_renew:g}) must be under half of --lease-duration "
                      f"({args.lease_duration:g}): the leader writes only within lease-duration - "
                      "lease-renew of its last renewal, which must leave room for the next one")
+    if args.bind is None:
+        from .health import default_bind
+
+        args.bind = default_bind()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

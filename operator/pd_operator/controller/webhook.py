@@ -188,7 +188,9 @@ def serve(host: str, port: int, certfile: str, keyfile: str, kube=None,
     a restart would have the API server refuse the handshake, and with failurePolicy Ignore
     admission would stop checking without a word. A pair that does not load (the key and
     certificate caught mid-update) keeps the one served and is tried again."""
-    server = _TLSServer((host, port), _Handler)
+    from .health import http_server
+
+    server = http_server(_TLSServer, host, port, _Handler)
     server.kube = kube
     loaded = _read(certfile, keyfile)  # before the load: a change in between is seen next round
     server.tls = _tls_context(certfile, keyfile)
