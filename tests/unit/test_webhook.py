@@ -216,6 +216,7 @@ def test_a_check_that_crashes_admits_with_a_warning_not_a_silent_400(monkeypatch
         server.shutdown()
         server.server_close()
 
+
 def test_every_endpoint_takes_ipv6_and_ipv4_by_default(cert):
     """The chart's probes (/healthz) and Services (metrics, webhook) reach the pod IP, which
     on an IPv6 single-stack cluster is IPv6. The endpoints bound 0.0.0.0 (--bind default),
