@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pd_operator.api import SpecError, validate_service
-from pd_operator.autoscale.capacity import estimate_capacity
+from pd_operator.autoscale.capacity import estimate_capacity, prefill_tokens_per_s, replica_cost_model
 from pd_operator.autoscale.decide import PoolState
 from pd_operator.autoscale.plan import PoolInput, plan_service
 from pd_operator.autoscale.promql import Observation
@@ -65,6 +65,32 @@ def test_cost_model_floor_from_observed_lengths():
     out = plan_service(s, {"prefill": PoolInput(PoolState(2, 2), obs, 100.0), "decode": PoolInput(PoolState(1, 1), None, 100.0)}, {}, now=100.0)
     assert out["prefill"].replicas == 5 and out["prefill"].reason.count("(cost model)") == 1
     assert "sized by demand" in out["prefill"].reason
+
+
+def test_prompt_tokens_served_from_a_prefix_cache_are_not_counted_as_prefill_work():
+    """The demand (prompt_tokens_total) counts every prompt token, the cached ones too; a
+    replica computes only the others. Found by a review: with half of each prompt cached the
+    floor asked for twice the replicas the computed tokens need, and the saturation
+    correction (a factor <= 1) could never bring it down."""
+    s = svc(prefill={"autoscaling": AUTO})
+    uncached = estimate_capacity(s, "prefill", 2000.0, None)
+    demand = 4.5 * uncached
+    sizes = {}
+    for share in (0.0, 0.5):
+        obs = Observation(1.0, demand, mean_isl=2000.0, cached_share=share)
+        out = plan_service(s, {"prefill": PoolInput(PoolState(2, 2), obs, 100.0),
+                               "decode": PoolInput(PoolState(1, 1), None, 100.0)}, {}, now=100.0)
+        sizes[share] = out["prefill"].replicas
+    assert sizes[0.0] == 5
+    # half the tokens computed, each attending over its cached half: more than 1x, under 2x the prompts
+    assert 3 <= sizes[0.5] < 5
+    cost = replica_cost_model(s.spec, "prefill")
+    for isl in (500.0, 2000.0, 12000.0):
+        base = prefill_tokens_per_s(cost, isl)
+        assert prefill_tokens_per_s(cost, isl, cached_share=0.0) == base
+        cached = [prefill_tokens_per_s(cost, isl, cached_share=x) for x in (0.25, 0.5, 0.75)]
+        assert base < cached[0] < cached[1] < cached[2]
+        assert all(c < base / (1 - x) for c, x in zip(cached, (0.25, 0.5, 0.75)))
 
 
 def test_no_lengths_no_floor():

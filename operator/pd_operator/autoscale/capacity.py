@@ -73,11 +73,20 @@ def length_bias(buckets: list[tuple[float, float]]) -> float | None:
 
 
 def prefill_tokens_per_s(cost: CostModel, mean_isl: float, max_batched_tokens: int = 8192,
-                         utilization: float = 0.8) -> float:
+                         utilization: float = 0.8, cached_share: float = 0.0) -> float:
+    """Prompt tokens/s one prefill engine sustains in full chunked-prefill steps of
+    ``max_batched_tokens``, times ``utilization``. ``cached_share`` of each prompt's tokens
+    come from a prefix cache: only the rest is computed (attending over the cached prefix),
+    so a step holds more prompts and the same engine serves more prompt tokens/s (the
+    demand, ``prompt_tokens_total``, counts the cached tokens too)."""
     n = max_batched_tokens
-    prompts = max(1.0, n / mean_isl)
-    step_ms = cost.prefill_fixed_ms() + prompts * cost.prefill_chunk_ms(0, int(min(mean_isl, n)))
-    return utilization * n / (step_ms / 1e3)
+    share = min(1.0, max(0.0, cached_share or 0.0))
+    computed = max(1.0, mean_isl * (1 - share))  # the engine computes at least a prompt's last token
+    chunk = min(computed, n)
+    prompts = max(1.0, n / computed)
+    step_ms = cost.prefill_fixed_ms() + prompts * cost.prefill_chunk_ms(int(mean_isl - computed), int(chunk))
+    # a step computes n tokens (prompts x chunk), of prompts mean_isl / computed times as long
+    return utilization * n * (mean_isl / computed) / (step_ms / 1e3)
 
 
 def decode_mean_context(mean_isl: float, mean_osl: float, osl_sigma: float = 0.0,
@@ -167,7 +176,7 @@ def _memory_fraction(pool: PoolSpec) -> float:
 
 def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: float | None,
                          mean_osl: float | None, osl_bias: float | None = None,
-                         step_ratio: float | None = None) -> float | None:
+                         step_ratio: float | None = None, cached_share: float | None = None) -> float | None:
     cost = replica_cost_model(spec, role)
     if cost is None or mean_isl is None or mean_isl <= 0:
         return None
@@ -176,7 +185,7 @@ def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: floa
     pool = spec.pool(role)
     if role == "prefill":
         per_rank = prefill_tokens_per_s(cost, mean_isl, pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS,
-                                        utilization=PREFILL_UTILIZATION)
+                                        utilization=PREFILL_UTILIZATION, cached_share=cached_share or 0.0)
     else:
         if mean_osl is None or mean_osl <= 0:
             return None
@@ -205,15 +214,16 @@ def _context(mean_isl: float, mean_osl: float, osl_bias: float | None) -> float:
 
 def pool_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
                   mean_osl: float | None, osl_bias: float | None = None,
-                  step_ratio: float | None = None) -> Capacity | None:
+                  step_ratio: float | None = None, cached_share: float | None = None) -> Capacity | None:
     """One replica's capacity at the pool's target: ``capacityPerReplica`` when set,
     else the cost model's estimate at the mean ISL/OSL (with its step times x
     ``step_ratio``, the engines' measured speed: :func:`step_time_ratio` for decode,
-    :func:`prefill_time_ratio` for prefill), else None (feedback only)."""
+    :func:`prefill_time_ratio` for prefill; prefill with ``cached_share`` of the prompt
+    tokens served from a prefix cache), else None (feedback only)."""
     override = svc.spec.pool(role).autoscaling.capacity_per_replica
     if override is not None:
         return Capacity(override, "capacityPerReplica")
-    estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl, osl_bias, step_ratio)
+    estimate = _cost_model_capacity(svc.spec, role, mean_isl, mean_osl, osl_bias, step_ratio, cached_share)
     source = "cost model"
     if step_ratio and abs(step_ratio - 1) >= 0.005:
         source = f"cost model, step time x {step_ratio:.2f} as measured"

@@ -99,7 +99,8 @@ def _capacity(svc: PDInferenceService, role: str, inp: PoolInput, ratio: float |
         return Capacity(inp.capacity, "given")
     obs = inp.observation
     return pool_capacity(svc, role, obs.mean_isl if obs else None, obs.mean_osl if obs else None,
-                         obs.osl_bias if obs else None, ratio)
+                         obs.osl_bias if obs else None, ratio,
+                         obs.cached_share if obs and role == "prefill" else None)
 
 
 def offered_load(role: str, obs: Observation | None) -> float | None:
