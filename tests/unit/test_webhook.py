@@ -225,18 +225,29 @@ def test_every_endpoint_takes_ipv6_and_ipv4_by_default(cert):
     supported"). The default is now :: with IPv4 too (0.0.0.0 where the node has no IPv6)."""
     import socket
 
-    from pd_operator.controller.health import HEALTH, default_bind
+    from pd_operator.controller.health import HEALTH, default_bind, serve_metrics
     from pd_operator.controller.health import serve as serve_health
     from pd_operator.controller.main import build_parser
 
-    assert build_parser().parse_args([]).bind is None and default_bind() == "::"  # this host has IPv6
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError:
+        assert default_bind() == "0.0.0.0"
+        pytest.skip("this host has no IPv6")
+    assert build_parser().parse_args([]).bind is None and default_bind() == "::"
     health = serve_health(HEALTH, default_bind(), 0)
+    metrics = serve_metrics(default_bind(), 0)
     crt, key = cert
     hook = serve(default_bind(), 0, str(crt), str(key), reload_seconds=0)
     try:
+        # IPv4 too whatever net.ipv6.bindv6only says (it is 0 here; 1 on some hosts)
+        for server in (health, metrics, hook):
+            assert server.socket.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
         for host, url_host in (("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")):
             with urllib.request.urlopen(f"http://{url_host}:{health.server_address[1]}/healthz", timeout=10) as resp:
                 assert resp.status == 200, host
+            with urllib.request.urlopen(f"http://{url_host}:{metrics.server_address[1]}/metrics", timeout=10) as resp:
+                assert resp.status == 200 and b"python_info" in resp.read(), host
             with socket.create_connection((host, hook.server_address[1]), timeout=10) as raw:
                 ctx = ssl.create_default_context()
                 ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
@@ -244,4 +255,5 @@ def test_every_endpoint_takes_ipv6_and_ipv4_by_default(cert):
                     assert tls.version(), host
     finally:
         health.shutdown()
+        metrics.shutdown()
         hook.shutdown()

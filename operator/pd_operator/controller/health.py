@@ -73,6 +73,20 @@ def http_server(cls: type[ThreadingHTTPServer], host: str, port: int, handler) -
     return Server((host, port), handler)
 
 
+def serve_metrics(host: str, port: int) -> ThreadingHTTPServer:
+    """Serve the Prometheus registry (every path, as prometheus_client's own server) on a
+    daemon thread, through :func:`http_server`: prometheus_client's ``start_http_server``
+    leaves IPV6_V6ONLY as the host sets it, so on ``::`` with net.ipv6.bindv6only=1 an
+    IPv4 scrape was refused."""
+    from prometheus_client import REGISTRY
+    from prometheus_client.exposition import MetricsHandler
+
+    server = http_server(ThreadingHTTPServer, host, port, MetricsHandler.factory(REGISTRY))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
 def serve(health: Health, host: str, port: int) -> ThreadingHTTPServer:
     """Serve ``/healthz`` on a daemon thread; returns the server (``.shutdown()`` stops it)."""
 

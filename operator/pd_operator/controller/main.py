@@ -9,7 +9,6 @@ import sys
 import kopf
 from kubernetes import client
 from kubernetes import config as kube_config
-from prometheus_client import start_http_server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs every handler run at INFO; child events make that a flood.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.bind)
+        from .health import serve_metrics
+
+        serve_metrics(args.bind, args.metrics_port)
     if args.webhook_port:
         from .webhook import serve as serve_webhook
 
