@@ -101,6 +101,22 @@ def test_scale_down_waits_for_the_stabilization_window():
     assert d.replicas == 2
 
 
+def test_entries_stamped_in_the_future_count_as_made_now():
+    # a previous leader whose clock ran an hour ahead recorded 2 replicas and a resize: kept
+    # at their stamps they would hold this replica's windows and rate limits for that hour
+    from pd_operator.autoscale.decide import Change as Resize, Event
+    pol = prefill()
+    h = History(recommendations=[Event(4600.0, 2)], changes=[Resize(4600.0, 1, 2)])
+    state = PoolState(replicas=2, ready=2)
+    assert decide(pol, state, sig(2.0), h, now=1000.0).replicas == 4  # up: window 0, rate limit fresh
+    assert all(e.at <= 1000.0 for e in h.recommendations) and all(c.at <= 1000.0 for c in h.changes)
+    # down: the future 2 is in the window as if made at 1000, so it holds only the window (300 s)
+    h = History(recommendations=[Event(4600.0, 4)])
+    state = PoolState(replicas=4, ready=4)
+    assert decide(pol, state, sig(0.3, at=1000.0), h, now=1000.0).replicas == 4
+    assert decide(pol, state, sig(0.3, at=1301.0), h, now=1301.0).replicas < 4
+
+
 def test_scale_down_rate_limit_pods_policy():
     pol = prefill(behavior={"scale_down": {"stabilization_window_seconds": 0, "policies": [{"type": "Pods", "value": 1, "period_seconds": 60}]}})
     h = History()

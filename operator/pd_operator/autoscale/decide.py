@@ -155,6 +155,13 @@ class History:
     # pool settings they depend on); None: not recorded yet
     basis: str | None = None
 
+    def not_after(self, now: float) -> None:
+        """Recommendations and resizes stamped after ``now`` (written by a replica whose clock
+        runs ahead of this one's, or before this clock stepped back) count as made now: kept,
+        they would stay in every window until this clock caught up with them."""
+        self.recommendations = [e if e.at <= now else Event(now, e.replicas) for e in self.recommendations]
+        self.changes = [c if c.at <= now else Change(now, c.before, c.after) for c in self.changes]
+
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
         self.changes = [c for c in self.changes if now - c.at <= keep_seconds]
@@ -506,6 +513,7 @@ def decide(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: H
     hi = policy.max_replicas if policy.max_replicas is not None else max(state.replicas, lo)
     current = state.replicas
     stale_after = 3 * interval_seconds
+    history.not_after(now)
     if not history.recommendations:
         # HPA's first sight of a target records its current size as a recommendation, before
         # any metric is read (recordInitialRecommendation, horizontal.go:802-808, :883): a new
