@@ -556,6 +556,7 @@ def test_image_pins_every_runtime_dependency():
     assert values["image"]["repository"] == "ghcr.io/pd-operator/pd-operator"
 
 
+@needs_helm
 def test_the_free_gpu_cap_can_be_turned_off_for_node_autoscaled_clusters():
     """A cluster autoscaler or Karpenter adds GPU nodes for Pending pods: with the cap a pool
     could never ask for them. The chart passes --no-free-gpu-cap, which the operator's
@@ -573,6 +574,7 @@ def test_the_free_gpu_cap_can_be_turned_off_for_node_autoscaled_clusters():
     assert parse_args(off).free_gpu_cap is False and parse_args(args()).free_gpu_cap is True
 
 
+@needs_helm
 def test_a_renewal_period_the_renew_deadline_cannot_cover_is_refused():
     """The leader writes only within leaseDuration - renew of its last renewal, and renews
     every renew seconds: renew must be under half the duration, or the leader would refuse
@@ -588,6 +590,7 @@ def test_a_renewal_period_the_renew_deadline_cannot_cover_is_refused():
         main(["--lease-duration", "15", "--lease-renew", "8"])
 
 
+@needs_helm
 def test_a_release_upgraded_with_reuse_values_keeps_the_free_gpu_cap():
     """helm upgrade --reuse-values from a release made before autoscaling.freeGPUCap existed
     has no such key: the cap stays on (only an explicit false turns it off)."""
