@@ -135,4 +135,4 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
         # (100, 300, ...): every OSL here is in the first bucket, read at sqrt(1 * 100); the
         # capacity holds the bias at least at the mean OSL (capacity._context), so this coarse
         # reading cannot shrink the decode context below the mean
-        assert busy.osl_bias == pytest.approx(10.0, rel=0.01) < busy.mean_osl
+        assert busy.osl_bias == pytest.approx(10.0, rel=0.01) and busy.osl_bias < busy.mean_osl
