@@ -110,7 +110,7 @@ def test_entries_stamped_in_the_future_count_as_made_now():
     state = PoolState(replicas=2, ready=2)
     assert decide(pol, state, sig(2.0), h, now=1000.0).replicas == 4  # up: window 0, rate limit fresh
     assert all(e.at <= 1000.0 for e in h.recommendations) and all(c.at <= 1000.0 for c in h.changes)
-    # down: the future 2 is in the window as if made at 1000, so it holds only the window (300 s)
+    # down: the future 4 is in the window as if made at 1000, so it holds only the window (300 s)
     h = History(recommendations=[Event(4600.0, 4)])
     state = PoolState(replicas=4, ready=4)
     assert decide(pol, state, sig(0.3, at=1000.0), h, now=1000.0).replicas == 4
