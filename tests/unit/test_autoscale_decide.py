@@ -115,6 +115,11 @@ def test_entries_stamped_in_the_future_count_as_made_now():
     state = PoolState(replicas=4, ready=4)
     assert decide(pol, state, sig(0.3, at=1000.0), h, now=1000.0).replicas == 4
     assert decide(pol, state, sig(0.3, at=1301.0), h, now=1301.0).replicas < 4
+    # the demand readings of the trend window from the future are dropped: an hour ahead, a
+    # demand of 10x would read as a steep rise and forecast a scale-up
+    h = History(demands=[(4600.0 + i * 30, 1e6) for i in range(10)])
+    d = decide(pol, PoolState(replicas=2, ready=2), sig(1.0, demand=20_000.0, capacity=10_000.0), h, now=1000.0)
+    assert d.replicas == 2 and h.demands == [(1000.0, 20_000.0)]
 
 
 def test_scale_down_rate_limit_pods_policy():

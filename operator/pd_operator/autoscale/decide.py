@@ -158,9 +158,13 @@ class History:
     def not_after(self, now: float) -> None:
         """Recommendations and resizes stamped after ``now`` (written by a replica whose clock
         runs ahead of this one's, or before this clock stepped back) count as made now: kept,
-        they would stay in every window until this clock caught up with them."""
+        they would stay in every window until this clock caught up with them. Demand and
+        latency readings from after ``now`` are dropped: a reading belongs at its time, and
+        stacked at ``now`` they would bend the trend (rule 3d) and the futility check."""
         self.recommendations = [e if e.at <= now else Event(now, e.replicas) for e in self.recommendations]
         self.changes = [c if c.at <= now else Change(now, c.before, c.after) for c in self.changes]
+        self.demands = [x for x in self.demands if x[0] <= now]
+        self.samples = [x for x in self.samples if x.at <= now]
 
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]
