@@ -259,19 +259,24 @@ def test_what_the_law_learned_survives_a_failover_in_status():
     from pd_operator.controller.autoscaler import histories_from_status, history_to_status
 
     learned = History(changes=[Change(1000.0, 2, 4)], capacity_factor=0.83, step_ratio=0.812, basis="0123abcd",
-                      start_seconds=118.0, demands=[(1000.0 + 30 * i, 40_000.0 + 5_000 * i) for i in range(7)])
+                      start_seconds=118.0, demands=[(1000.0 + 30 * i, 40_000.0 + 5_000 * i) for i in range(7)],
+                      saturated_since=1150.0, futile=1.85)
     memory = history_to_status(learned)
     AutoscalerMemory.model_validate(memory)  # the CRD's status schema (generated from this model)
     back = histories_from_status({"decode": {"autoscaler": memory}})["decode"]
     assert (back.capacity_factor, back.step_ratio, back.start_seconds, back.basis) == (0.83, 0.812, 118.0, "0123abcd")
+    # the saturation's start (3b) and the futility latch (2b): a new leader neither waits another
+    # rate window to correct the capacity nor grows a pool whose latency replicas did not lower
+    assert (back.saturated_since, back.futile) == (1150.0, 1.85)
     # a clock stepped back must not write what the schema refuses (startSeconds >= 0)
     AutoscalerMemory.model_validate(history_to_status(History(start_seconds=-3.0)))
     assert back.demands == learned.demands and back.demand_slope() == pytest.approx(learned.demand_slope())
     # nothing learned: nothing written (a pruned field is dropped by server-side apply), read back as fresh
     fresh = history_to_status(History())
-    assert not {"capacityFactor", "stepRatio", "startSeconds"} & set(fresh)
+    assert not {"capacityFactor", "stepRatio", "startSeconds", "saturatedSince", "futile"} & set(fresh)
     again = histories_from_status({"decode": {"autoscaler": fresh}})["decode"]
     assert (again.capacity_factor, again.step_ratio, again.start_seconds) == (1.0, None, None)
+    assert (again.saturated_since, again.futile) == (None, None)
     # unreadable memory: a fresh history, not a crash
     assert histories_from_status({"decode": {"autoscaler": {"stepRatio": "fast"}}})["decode"].step_ratio is None
 

@@ -1355,6 +1355,12 @@ class AutoscalerMemory(Base):
         None, ge=0.0, description="Seconds from the last scale-up to its pods Ready, as observed.")
     demands: list[Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
         default_factory=list, max_length=64, description="Recent offered demand: [unix time, tokens/s] (the trend).")
+    saturated_since: Optional[float] = Field(
+        None, ge=0.0, description="Unix time since when the pool has been saturated without a break (the capacity "
+        "correction waits for a whole rate window of it).")
+    futile: Optional[float] = Field(
+        None, ge=0.0, description="Latency (seconds) that adding replicas was shown not to lower: the latency "
+        "feedback is left out until the latency is back within the target's band.")
     basis: Optional[Annotated[str, StringConstraints(max_length=64)]] = Field(
         None, description="Digest of the engine, model and pool settings capacityFactor and stepRatio were learned on; "
         "a change of them forgets both.")

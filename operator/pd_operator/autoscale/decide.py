@@ -165,6 +165,8 @@ class History:
         self.changes = [c if c.at <= now else Change(now, c.before, c.after) for c in self.changes]
         self.demands = [x for x in self.demands if x[0] <= now]
         self.samples = [x for x in self.samples if x.at <= now]
+        if self.saturated_since is not None and self.saturated_since > now:
+            self.saturated_since = now
 
     def prune(self, now: float, keep_seconds: float) -> None:
         self.recommendations = [e for e in self.recommendations if now - e.at <= keep_seconds]

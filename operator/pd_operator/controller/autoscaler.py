@@ -541,8 +541,9 @@ def history_to_status(history: History) -> dict:
     """A pool's History as status keeps it: the stabilization windows' recommendations and
     resizes (the newest MEMORY_ITEMS of each), and what the law learned -- the capacity
     correction (rule 3b), the engines' step time (3b'), what those were learned on, the pods'
-    start time and the demand of the trend window (3d) -- so that a failover does not relearn
-    them."""
+    start time and the demand of the trend window (3d), since when the pool has been saturated
+    (3b) and the latency the feedback was shown futile at (2b) -- so that a failover does not
+    relearn them."""
     recs = stabilizing(history.recommendations)
     out: dict = {"recommendations": [[round(e.at, 3), e.replicas] for e in recs[-MEMORY_ITEMS:]],
                  "changes": [[round(c.at, 3), c.before, c.after] for c in history.changes[-MEMORY_ITEMS:]],
@@ -555,6 +556,10 @@ def history_to_status(history: History) -> dict:
         out["startSeconds"] = round(max(0.0, history.start_seconds), 1)  # the schema's minimum
     if history.basis is not None:
         out["basis"] = history.basis
+    if history.saturated_since is not None and history.saturated_since >= 0:
+        out["saturatedSince"] = round(history.saturated_since, 3)
+    if history.futile is not None:
+        out["futile"] = round(max(0.0, history.futile), 6)
     return out
 
 
@@ -565,13 +570,16 @@ def histories_from_status(status: dict) -> dict[str, History]:
         mem = ((status.get(role) or {}).get("autoscaler")) or {}
         try:
             factor, ratio, start = mem.get("capacityFactor"), mem.get("stepRatio"), mem.get("startSeconds")
+            since, futile = mem.get("saturatedSince"), mem.get("futile")
             out[role] = History(recommendations=[Recommendation(at=float(a), replicas=int(r)) for a, r in mem.get("recommendations") or []],
                                 changes=[Change(at=float(a), before=int(b), after=int(c)) for a, b, c in mem.get("changes") or []],
                                 demands=[(float(a), float(d)) for a, d in mem.get("demands") or []],
                                 capacity_factor=min(1.0, float(factor)) if factor is not None else 1.0,
                                 step_ratio=float(ratio) if ratio is not None else None,
                                 start_seconds=float(start) if start is not None else None,
-                                basis=str(mem["basis"]) if mem.get("basis") is not None else None)
+                                basis=str(mem["basis"]) if mem.get("basis") is not None else None,
+                                saturated_since=float(since) if since is not None else None,
+                                futile=float(futile) if futile is not None else None)
         except (TypeError, ValueError):
             out[role] = History()
     return out
