@@ -127,9 +127,10 @@ def test_bench_constant_arrivals_are_evenly_spaced(procs):
     assert summary["completed"] == 20, summary["errors"]
     sched = [r.scheduled for r in results]
     assert sched == pytest.approx([(i + 1) / 20 for i in range(20)], abs=1e-6)
-    sent_gaps = [b.start - a.start for a, b in zip(results, results[1:])]
-    near = [g for g in sent_gaps if abs(g - 0.05) <= 0.015]
-    assert len(near) >= 0.8 * len(sent_gaps), sent_gaps  # a busy machine may delay a few sends
+    # sent then: never early, mostly on time; a busy machine may delay a few sends by tens of ms
+    lags = [r.lag for r in results]
+    assert all(-0.002 <= lag <= 0.25 for lag in lags), lags
+    assert sorted(lags)[len(lags) // 2] <= 0.015, lags
 
 
 def test_bench_replays_a_trace_file(procs, tmp_path):
@@ -149,8 +150,11 @@ def test_bench_replays_a_trace_file(procs, tmp_path):
     reqs = json.loads(out.read_text())["requests"]
     assert [(r["prompt_tokens"], r["output_tokens"]) for r in reqs] == [(i, o) for _, i, o in rows]
     assert [r["scheduled"] for r in reqs] == pytest.approx([t for t, _, _ in rows])
-    for r, (t, _, _) in zip(reqs, rows):
-        assert abs(r["start"] - t) <= 0.03, (r["start"], t)
+    # sent at its t: never before it, and after it by no more than a loaded 2-core CI machine delays a send
+    # (37 ms was seen there; a client that ignored t would send all five at 0 and fail the lower bound)
+    lags = [r["start"] - t for r, (t, _, _) in zip(reqs, rows)]
+    assert all(-0.002 <= lag <= 0.25 for lag in lags), lags
+    assert sorted(lags)[len(lags) // 2] <= 0.05, lags
 
 
 def test_bench_bad_trace_file_names_the_file_and_line(tmp_path):
