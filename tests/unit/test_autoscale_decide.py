@@ -316,6 +316,13 @@ def test_capacity_not_corrected_without_a_queue_or_while_resizing():
                sig(2.0, at=now, demand=160, capacity=40, produced=80, utilization=0.8, waiting=8), h, now=now)
     assert h.capacity_factor == 1.0 and h.saturated_since == 970.0
 
+    # a saturation start from a previous leader whose clock ran an hour ahead counts from now:
+    # kept, the capacity would go uncorrected for that hour; taken as now, for one rate window
+    h = History(saturated_since=4600.0)
+    decide(prefill(max_replicas=32), PoolState(replicas=4, ready=4),
+           sig(2.0, at=1000.0, demand=160, capacity=40, produced=80, utilization=0.8, waiting=8), h, now=1000.0)
+    assert h.capacity_factor == 1.0 and h.saturated_since == 1000.0
+
 
 def test_a_queue_on_some_pods_only_is_not_saturation():
     # after a scale-up from 2 to 8, the 2 old pods still hold the backlog routed to them (16
