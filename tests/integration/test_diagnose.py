@@ -53,8 +53,9 @@ pytestmark = [pytest.mark.integration,
 
 SCRAPE_S = 2.0
 INTERVAL_S = 2.0
-# two scrapes (a lazily created counter needs a second sample), one operator round and its query
-WITHIN_S = 2 * SCRAPE_S + INTERVAL_S + 4.0
+# two scrapes (a lazily created counter needs a second sample), one operator round and its query,
+# with 8 s for a loaded CI machine (a diagnosis that waited out its 10 s window would take ~16 s)
+WITHIN_S = 2 * SCRAPE_S + INTERVAL_S + 8.0
 OPERATOR_ENV = {"PD_OPERATOR_AUTOSCALE_TICK_SECONDS": "1", "PD_OPERATOR_DIAGNOSIS_WINDOW": "10s"}
 
 

@@ -224,7 +224,7 @@ def test_serving_through_the_real_router(example, stack, namespace, custom_objec
     itl_hi = cost.decode_uniform_ms(16, BENCH["isl"] + BENCH["osl"]) / 1e3
     assert 0 < pd["ttft_s"]["p50"] < 1.0, pd["ttft_s"]
     # the model's step time, plus what a busy 2-core host adds to a real-time sim behind a real router
-    assert itl_lo * 0.9 <= pd["itl_s"]["p50"] <= itl_hi * 1.5 + 0.005, (pd["itl_s"], itl_lo, itl_hi)
+    assert itl_lo * 0.9 <= pd["itl_s"]["p50"] <= itl_hi * 1.5 + 0.015, (pd["itl_s"], itl_lo, itl_hi)
     # all the prompts' tokens were prefilled on the prefill pod, every output token decoded on the decode pod
     pm, dm = metrics_of(pre), metrics_of(dec)
     assert metric(pm, f"{prefix}generation_tokens_total") == 1 + BENCH["n"]

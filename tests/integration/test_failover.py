@@ -135,15 +135,19 @@ def test_a_rolling_update_hands_the_lease_over_without_a_gap(kube_cluster, crd, 
             was = holder(api_client, namespace)
             started = time.monotonic()
             ops[stopping].stop()  # SIGTERM: kopf's cleanup releases the Lease if it holds it
+            if was == identity(stopping):  # released as it exited, not left to expire
+                assert holder(api_client, namespace) != was, f"{stopping} exited holding the lease"
             custom_objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "r0",
                                                           {"spec": {"router": {"replicas": replicas}}})
             wait_for(lambda: apps_v1.read_namespaced_deployment("r0-router", namespace).spec.replicas == replicas,
                      30, f"the edit applied after {stopping} stopped")
             gaps.append((stopping, was == identity(stopping), time.monotonic() - started))
-        # each stop handed over (or cost nothing, a standby's) well before the Lease would
-        # have expired (15 s after its last renewal): the edit made as it stopped is applied
+        # each stop handed over (or cost nothing, a standby's) before the Lease would have
+        # expired (15 s after its last renewal, 10-15 s after the SIGTERM, then up to 5 s to
+        # the standby's next check): the edit made as it stopped is applied; the bound leaves
+        # a loaded CI machine time to shut the old replica down, the release is checked above
         (_, was_active, gap), (_, _, second) = gaps
-        assert was_active and gap < 10.0 and second < 10.0, gaps
+        assert was_active and gap < 14.0 and second < 14.0, gaps
         wait_for(lambda: holder(api_client, namespace) == identity("c"), 10, "the new replica holding the lease")
         print(f"\nrolling update: edit applied {gap:.1f}s after SIGTERM to the active replica, "
               f"{second:.1f}s after SIGTERM to the standby")

@@ -62,7 +62,7 @@ def test_kubectl_apply_of_an_unknown_flag_fails_at_once_with_the_field(kube_clus
         "metadata": {"name": name},
         "webhooks": [{
             "name": "pdinferenceservices.pdserving.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "failurePolicy": "Ignore", "timeoutSeconds": 5,
+            "failurePolicy": "Ignore", "timeoutSeconds": 30,  # what is refused, not how fast: a loaded API server dry-runs slowly
             "clientConfig": {"url": f"https://127.0.0.1:{port}/validate",
                              "caBundle": base64.b64encode(crt.read_bytes()).decode()},
             "rules": [{"apiGroups": ["pdserving.io"], "apiVersions": ["v1alpha1"], "resources": ["pdinferenceservices"],

@@ -76,7 +76,8 @@ def run_pd(procs, router_py, example: str, router_module: str, pd_flags: list[st
     assert metric(dec, "pdsim_kv_transfer_seconds_count") == 1
     want = dec_cfg.cost().transfer_ms(n_prompt, dec_cfg.link) / 1e3
     got = metric(dec, "pdsim_kv_transfer_seconds_sum")
-    assert want * 0.95 <= got <= want + 0.05, (got, want)
+    # the sim's timer fires late on a loaded machine, never early (the exact time: test_costmodel)
+    assert want * 0.95 <= got <= want + 0.25, (got, want)
     assert metric(dec, f"{p}time_to_first_token_seconds_sum") >= want * 0.95
     # the client waited for prefill + transfer + 20 decode steps
     prefill_s = pre_cfg.cost().prefill_ms(n_prompt) / 1e3

@@ -134,7 +134,7 @@ def metrics_available(kube: Kube, namespace: str) -> dict:
 def test_a_hanging_prometheus_does_not_stop_other_services(silent_prometheus, prometheus):
     kube = Kube()
     scaler = Autoscaler(kube, prometheus_signals(), lambda *a: None)
-    scaler.query_deadline = 1.0
+    scaler.query_deadline = 2.0  # a loaded CI machine can take a second over a first query's connection
     bodies = [body("bad", silent_prometheus), body("good", prometheus)]  # the hanging one first
     for round_ in range(2):  # the second round finds the first round's query still hanging
         kube.status.clear()
@@ -142,7 +142,7 @@ def test_a_hanging_prometheus_does_not_stop_other_services(silent_prometheus, pr
         done, err = finishes(lambda: scaler.run_once(bodies, force=True), within=8)
         assert done, f"round {round_}: one silent Prometheus blocked the autoscaling round"
         assert err is None
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 6  # the hanging query's read timeout is 15 s
         good = metrics_available(kube, "good")
         assert good["status"] == "True" and kube.status[("good", "svc")]["metrics"]["observedAt"]
         bad = metrics_available(kube, "bad")
@@ -165,15 +165,22 @@ def test_healthz_turns_503_when_the_autoscaler_loop_stops_progressing():
     try:
         scaler = Autoscaler(kube, lambda *a, **k: {}, lambda *a: None)
         threading.Thread(target=run_forever, args=(scaler, kube, [], stop, 0.01),
-                         kwargs={"health": health, "max_age": 0.5}, daemon=True).start()
+                         kwargs={"health": health, "max_age": 2.0}, daemon=True).start()
         assert kube.entered.wait(5)
         with urllib.request.urlopen(url, timeout=5) as resp:
             assert resp.status == 200  # stuck for less than max_age yet
-        time.sleep(1.0)
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(url, timeout=5)
-        assert err.value.code == 503
-        assert "autoscaler" in json.loads(err.value.read())["stuck"]
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5):
+                    pass
+            except urllib.error.HTTPError as e:
+                err = e
+                break
+            assert time.monotonic() < deadline, "/healthz stayed 200 with the loop stuck past max_age"
+            time.sleep(0.1)
+        assert err.code == 503
+        assert "autoscaler" in json.loads(err.read())["stuck"]
     finally:
         stop.set()
         server.shutdown()
