@@ -123,6 +123,23 @@ def test_decode_capacity_follows_context_itl_target_and_batch_limits():
     assert estimate_capacity(capped, "decode", ISL, OSL) < base           # the engine's batch limit
 
 
+def test_steady_capacity_takes_the_headroom_on_the_batch_where_the_slots_bind():
+    """Decode at a steady demand (decide's rule 3e): 0.85 of the 256 slots, h / step(h) on the
+    simulated engine, above 0.85 of the full batch's throughput; none where the KV cache or
+    the ITL target binds before the slots (their tokens vary more than their count)."""
+    cap = pool_capacity(svc(), "decode", ISL, OSL)
+    ctx = int(decode_mean_context(ISL, OSL, 0.6))
+    assert _decode_step_s(256, ctx) <= 0.05  # the slots bind here
+    held = int(0.85 * 256)
+    assert cap.steady == pytest.approx(held / _decode_step_s(held, ctx), rel=0.05)
+    assert cap.steady > 1.05 * cap.per_replica
+    assert pool_capacity(svc(decode={"maxRunningRequests": 8}), "decode", ISL, OSL).steady is not None
+    tight = svc(decode={"autoscaling": {"target": {"value": "15ms"}}})
+    assert pool_capacity(tight, "decode", ISL, OSL).steady is None        # the ITL target binds
+    assert pool_capacity(svc(), "decode", 30 * ISL, OSL).steady is None    # the KV cache binds
+    assert pool_capacity(svc(), "prefill", ISL, OSL).steady is None
+
+
 def test_weights_that_do_not_fit_have_no_estimate():
     # Llama-3.1-70B (141 GB of weights) fits one H200 at full memory, not at half of it
     big = {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}}

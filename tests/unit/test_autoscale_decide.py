@@ -462,3 +462,53 @@ def test_a_step_seen_through_the_rate_window_is_not_a_trend():
         d = decide(prefill(max_replicas=40), PoolState(replicas=1, ready=1),
                    sig(0.5, at=1000.0 + 5 * i, demand=demand, capacity=27_500), h, now=1000.0 + 5 * i)
         assert "rising" not in d.reason and d.recommendation == 1, (i, d.reason)
+
+
+# ---- rule 3e: a steady decode demand is held with the headroom on the batch ----
+
+def _steady_rounds(demands, observed=0.025, replicas=10, steady=7000.0, step=30.0, **kw):
+    """Decode rounds 30 s apart at a fixed size, capacity 6k (on the throughput) and ``steady``
+    (on the batch); the last decision."""
+    h, d = History(start_seconds=120.0), None
+    pol = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=40,
+                            behavior={"scale_down": {"stabilization_window_seconds": 0}})
+    for i, demand in enumerate(demands):
+        now = 1000.0 + i * step
+        d = decide(pol, PoolState(replicas=replicas, ready=replicas),
+                   sig(observed, at=now, demand=demand, capacity=6000.0, capacity_steady=steady, **kw), h, now=now)
+    return d
+
+
+def test_a_steady_demand_takes_the_capacity_with_the_headroom_on_the_batch():
+    flat = [60_000, 60_500, 59_800, 60_200, 60_100, 59_900, 60_000]
+    d = _steady_rounds(flat)
+    # 60k over 7k = 8.6 -> 9, where the throughput headroom (6k) needs 10
+    assert d.recommendation == 9 and "steady: 7k tok/s/replica" in d.reason and "10 -> 9" in d.reason
+    assert _steady_rounds(flat, steady=None).recommendation == 10
+
+
+def test_a_rising_demand_a_latency_above_target_or_a_queue_keep_the_throughput_headroom():
+    rising = _steady_rounds([50_000, 52_000, 54_000, 56_000, 58_000, 60_000, 60_000])  # +20 % in 3 min
+    assert rising.recommendation == 10 and "steady" not in rising.reason
+    flat = [60_000, 60_500, 59_800, 60_200, 60_100, 59_900, 60_000]
+    above = _steady_rounds(flat, observed=0.052)  # in the 10 % band, above the 50 ms target
+    assert above.recommendation == 10 and "steady" not in above.reason
+    queued = _steady_rounds(flat, waiting_min=1.5)  # a request waiting for a slot at every pod
+    assert queued.recommendation == 10 and "steady" not in queued.reason
+    some = _steady_rounds(flat, waiting_min=0.2, waiting=30.0)  # a queue on some pods only
+    assert some.recommendation == 9
+    # too short a history to tell a steady demand (no slope yet)
+    assert _steady_rounds([60_000, 60_000]).recommendation == 10
+
+
+def test_the_steady_capacity_carries_the_online_correction():
+    flat = [60_000, 60_500, 59_800, 60_200, 60_100, 59_900, 60_000]
+    h = History(capacity_factor=0.8, start_seconds=120.0)
+    pol = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=40)
+    d = None
+    for i, demand in enumerate(flat):
+        now = 1000.0 + 30 * i
+        d = decide(pol, PoolState(replicas=14, ready=14, starting=0),
+                   sig(0.025, at=now, demand=demand, capacity=6000.0, capacity_steady=7000.0), h, now=now)
+    # 7k x 0.8 = 5.6k: 60k needs 11 (the corrected throughput headroom, 4.8k, needs 13)
+    assert d.recommendation == 11 and "steady: 5.6k" in d.reason

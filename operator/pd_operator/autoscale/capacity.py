@@ -8,10 +8,14 @@ These feed the model floor of :func:`~pd_operator.autoscale.decide.decide`
   the linear term and the attention term of its prompts (``mean_isl`` long);
   throughput = tokens / step time.  Held at ``utilization`` (default 0.8) of
   that, so the queue -- and the TTFT quantile -- stays bounded;
-* decode, concurrent streams: the batch ``B`` whose step time at the mean
-  context reaches the ITL target, capped by ``max_num_seqs``; held at
-  ``utilization`` (default 0.85) so requests are not kept waiting for a slot
-  (waiting for a decode slot is TTFT, invisible to ITL).
+* decode, generated tokens/s: the batch ``B`` whose step time at the mean
+  context reaches the ITL target, capped by ``max_num_seqs`` and the KV cache;
+  held at ``utilization`` (default 0.85) of ``B / step(B)`` so requests are not
+  kept waiting for a slot (waiting for a decode slot is TTFT, invisible to
+  ITL). Under a steady demand, when the slots (``max_num_seqs``) bind rather
+  than the KV cache or the ITL target, the same 0.85 is taken on the batch
+  instead, ``0.85 B / step(0.85 B)`` (``Capacity.steady``): the throughput is
+  concave in the batch, and 85 % of it leaves half the slots empty.
 
 The mean context of a running decode is length-biased: a request is seen in
 proportion to its output length, so ``E[ctx] = ISL + E[OSL^2] / (2 E[OSL])``
@@ -116,6 +120,21 @@ def decode_tokens_per_s(cost: CostModel, mean_ctx: float, itl_target: float = 0.
     return utilization * b / (cost.decode_uniform_ms(int(b), int(mean_ctx)) / 1e3)
 
 
+def decode_tokens_per_s_steady(cost: CostModel, mean_ctx: float, itl_target: float = 0.05,
+                               max_num_seqs: int = 256, utilization: float = 0.85) -> float:
+    """Generation tokens/s one decode replica sustains with ``utilization`` of its batch
+    held free instead of its throughput: ``h / step(h)`` at ``h = utilization x B``.
+    Throughput is concave in the batch (the step's fixed part is shared), so 85 % of the
+    throughput at ``B`` is reached near half the batch (the reference mix on an H200: 6.1k
+    tok/s at 100 of 256 slots). The running streams of a steady demand fluctuate by about
+    the square root of their number (arrivals independent of each other): 15 % of 256
+    slots is more than three such deviations of a replica's batch. This is the capacity
+    of a steady demand; a rising one is led with :func:`decode_tokens_per_s` (decide's
+    rule 3e)."""
+    b = max(1, int(decode_streams(cost, mean_ctx, itl_target, max_num_seqs, utilization=utilization)))
+    return b / (cost.decode_uniform_ms(b, int(mean_ctx)) / 1e3)
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What one replica of a pool serves at the target, and where that figure comes from."""
@@ -123,6 +142,9 @@ class Capacity:
     per_replica: float  # tokens/s: prompt tokens for prefill, generated tokens for decode
     source: str         # "capacityPerReplica" (the spec), "cost model", ...
     utilization: float = 1.0  # the headroom per_replica carries (cost model: 0.8 prefill, 0.85 decode)
+    # decode, cost model: the same headroom on the batch instead of the throughput
+    # (decode_tokens_per_s_steady), for a steady demand; None: per_replica only
+    steady: float | None = None
 
     def describe(self) -> str:
         return f"capacity {si(self.per_replica)} tok/s/replica ({self.source})"
@@ -176,13 +198,16 @@ def _memory_fraction(pool: PoolSpec) -> float:
 
 def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: float | None,
                          mean_osl: float | None, osl_bias: float | None = None,
-                         step_ratio: float | None = None, cached_share: float | None = None) -> float | None:
+                         step_ratio: float | None = None,
+                         cached_share: float | None = None) -> tuple[float, float | None] | None:
+    """(per replica, per replica at steady demand: decode only, else None), or None."""
     cost = replica_cost_model(spec, role)
     if cost is None or mean_isl is None or mean_isl <= 0:
         return None
     if step_ratio:
         cost = cost.scaled(step_ratio)
     pool = spec.pool(role)
+    steady_rank = None  # decode only
     if role == "prefill":
         per_rank = prefill_tokens_per_s(cost, mean_isl, pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS,
                                         utilization=PREFILL_UTILIZATION, cached_share=cached_share or 0.0)
@@ -191,14 +216,20 @@ def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: floa
             return None
         ctx = _context(mean_isl, mean_osl, osl_bias)
         # the batch is capped by the engine's limit and by the KV cache at the mean context
-        seqs = min(pool.max_running_requests or DEFAULT_MAX_NUM_SEQS,
-                   int(cost.kv_capacity_tokens(_memory_fraction(pool)) // ctx))
+        slots = pool.max_running_requests or DEFAULT_MAX_NUM_SEQS
+        seqs = min(slots, int(cost.kv_capacity_tokens(_memory_fraction(pool)) // ctx))
         if seqs < 1:
             return None
-        per_rank = decode_tokens_per_s(cost, ctx, duration_seconds(pool.autoscaling.target.value), seqs,
-                                       utilization=DECODE_UTILIZATION)
+        itl = duration_seconds(pool.autoscaling.target.value)
+        per_rank = decode_tokens_per_s(cost, ctx, itl, seqs, utilization=DECODE_UTILIZATION)
+        if seqs == slots and decode_streams(cost, ctx, itl, seqs, utilization=1.0) >= slots:
+            # the slots bind, not the KV cache nor the ITL target: the headroom is for the
+            # count of running streams; their tokens (KV, step time) vary more, by the spread
+            # of their contexts, and keep the headroom on the throughput
+            steady_rank = decode_tokens_per_s_steady(cost, ctx, itl, seqs, utilization=DECODE_UTILIZATION)
     _, ranks = pool_cost_model(cost.shape, spec.engine.kind, pool)
-    return per_rank * ranks  # data-parallel engines of a replica serve side by side
+    # data-parallel engines of a replica serve side by side
+    return per_rank * ranks, (steady_rank * ranks if steady_rank else None)
 
 
 def _context(mean_isl: float, mean_osl: float, osl_bias: float | None) -> float:
@@ -227,8 +258,10 @@ def pool_capacity(svc: PDInferenceService, role: str, mean_isl: float | None,
     source = "cost model"
     if step_ratio and abs(step_ratio - 1) >= 0.005:
         source = f"cost model, step time x {step_ratio:.2f} as measured"
-    return (Capacity(estimate, source, PREFILL_UTILIZATION if role == "prefill" else DECODE_UTILIZATION)
-            if estimate else None)
+    if not estimate or not estimate[0]:
+        return None
+    return Capacity(estimate[0], source, PREFILL_UTILIZATION if role == "prefill" else DECODE_UTILIZATION,
+                    steady=estimate[1])
 
 
 def step_time_ratio(svc: PDInferenceService, mean_isl: float | None, mean_osl: float | None,

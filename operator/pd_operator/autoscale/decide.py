@@ -23,6 +23,11 @@ The control law (docs: autoscale/README.md):
    3c. the feedback bounded by twice the floor; 3d. a demand rising by more
    than the tolerance over 3 minutes extrapolated over the pool's observed
    start time (the floor is for when the pods ordered now serve).
+   3e. Under a steady demand (its 3-minute trend within the tolerance), with
+   the latency not above target and no request waiting at every pod, the
+   floor takes the decode capacity with its headroom on the batch
+   (``Signal.capacity_steady``) instead of on the throughput: a ramp is led
+   with the wide headroom, a plateau held with the narrow one.
    where ``capacity`` is what one replica serves at the target (the pool's
    ``capacityPerReplica``, or the calibrated cost model: capacity.py). Scale-up takes the larger of feedback and model;
    scale-down never goes below the model's need.
@@ -48,6 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..api.models import PoolAutoscaling, ScalingRules, duration_seconds
+from .capacity import si
 
 # HPA's defaults (autoscaling/v2): up: max(100%, 4 pods) per 15 s, no window;
 # down: 100% per 15 s, 300 s window.
@@ -81,6 +87,8 @@ class Signal:
     observed_note: str | None = None
     demand: float | None = None     # load in the unit of ``capacity`` (e.g. prompt tokens/s, running streams)
     capacity: float | None = None   # what one replica serves at the target, same unit
+    # what one replica serves at the target under a steady demand (rule 3e), same unit; None: ``capacity``
+    capacity_steady: float | None = None
     capacity_note: str | None = None  # where ``capacity`` comes from, for the reason (e.g. "capacity 41k tok/s/replica (cost model)")
     # secondary signals by metric (``queueDepth``, ``kvCacheUsage``): the observed average per replica;
     # a metric missing here has no data
@@ -446,6 +454,31 @@ def _expected_demand(demand: float, history: History, now: float, interval: floa
     return expected, f" (rising {slope * 60:.3g}/min: {expected:.3g} in {lead:.0f}s, when pods ordered now serve)"
 
 
+def _steady_capacity(signal: Signal, capacity: float, target: float, state: PoolState, history: History,
+                     now: float, tolerance: float) -> float | None:
+    """Rule 3e: under a steady demand a pool is held with its headroom on the batch
+    (``Signal.capacity_steady``) rather than on the throughput, when the demand is not rising
+    (a ramp is led with the throughput headroom: the pods ordered now serve a minute or two
+    later), the latency is not above the target and no pod has a request waiting for a slot.
+    The online correction of ``capacity`` (rule 3b) carries over. None: ``capacity`` holds
+    (also when the steady figure is not above it: engines measured slower than the model)."""
+    if not signal.capacity_steady or not signal.capacity or not signal.demand:
+        return None
+    slope = history.demand_slope()
+    if slope is None or slope * TREND_S > tolerance * signal.demand:
+        return None
+    if signal.observed is not None and signal.observed > target:
+        return None
+    if signal.waiting_min is not None:
+        queued = signal.waiting_min >= 1
+    else:
+        queued = signal.waiting is not None and signal.waiting >= max(state.ready, 1)
+    if queued:
+        return None
+    steady = signal.capacity_steady * capacity / signal.capacity
+    return steady if steady > capacity else None
+
+
 def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, history: History,
                now: float, interval: float = 30.0) -> tuple[int, str]:
     """The pool's recommendation and its reason: the largest of the latency
@@ -466,6 +499,9 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     if signal.demand is not None and capacity:
         demand, trend = _expected_demand(signal.demand, history, now, interval, policy.tolerance)
         now_need = math.ceil(signal.demand / capacity) if signal.demand > 0 else policy.min_replicas
+        steady = _steady_capacity(signal, capacity, target, state, history, now, policy.tolerance)
+        if steady:
+            capacity, corrected = steady, corrected + f"; steady: {si(steady)} tok/s/replica with the headroom on the batch"
         # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
         model = math.ceil(demand / capacity) if demand > 0 else policy.min_replicas
         # HPA's tolerance on this signal too: a demand within it of what the current size carries

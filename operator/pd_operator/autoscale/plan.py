@@ -175,9 +175,14 @@ def feasible_quantile(svc: PDInferenceService, role: str, obs: Observation | Non
 
 
 def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float | None = None,
-            ratio: float | None = None) -> Signal:
+            ratio: float | None = None, measured: float | None = None) -> Signal:
     obs = inp.observation
     capacity = _capacity(svc, role, inp, ratio)
+    steady = capacity.steady if capacity else None
+    if steady and measured and measured > (ratio or 1.0):
+        # the steady capacity keeps little headroom: at the engines' speed as measured, slower too
+        slower = _capacity(svc, role, inp, measured)
+        steady = slower.steady if slower and slower.steady else None
     observed, note = feasible_quantile(svc, role, obs, ratio) or (obs.observed if obs else None, None)
     # secondary signals by metric, those with data only
     secondaries = {metric: getattr(obs, name) for metric, (_, name) in SECONDARY.items()
@@ -188,6 +193,7 @@ def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float 
         observed_at=inp.observed_at if obs and obs.observed is not None else None,
         demand=_max(offered_load(role, obs), upstream),
         capacity=capacity.per_replica if capacity else None,
+        capacity_steady=steady,
         capacity_note=capacity.describe() if capacity else None,
         secondaries=secondaries,
         floor=latency_floor(svc, role, obs.mean_isl, obs.mean_osl, obs.osl_bias, ratio) if obs else None,
@@ -233,7 +239,7 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
             upstream = decode_offered_from_prefill(inputs["prefill"].observation, inp.observation)
         history = histories.setdefault(role, History())
         _relearn_on_change(svc, role, history)
-        signal = _signal(svc, role, inp, upstream, step_ratio(svc, role, inp, history, now))
+        signal = _signal(svc, role, inp, upstream, step_ratio(svc, role, inp, history, now), history.step_ratio)
         d = decide(pool.autoscaling, inp.state, signal, history, now, interval)
         decisions[role] = d
         target = duration_seconds(pool.autoscaling.target.value)

@@ -215,7 +215,7 @@ DYNAMO_HEADROOM = {"prefill": 0.8, "decode": 0.85}  # the same headroom pd-opera
 
 
 def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: int = 256,
-                   headroom: dict | None = None):
+                   headroom: dict | None = None, decode_headroom_on: str = "throughput"):
     """Profile the simulated engine as Dynamo's profiler does a real one.
 
     prefill: one request of ISL tokens on an idle prefill instance -> TTFT;
@@ -224,7 +224,10 @@ def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: i
     that context) with ITL <= target gives throughput/GPU = B / ITL.  Both measured on
     :class:`~pd_operator_tools.enginesim.engine.Engine` with ``cost`` (the fleet's true
     engines: Dynamo profiles the hardware it runs on), then multiplied by ``headroom``
-    (default: pd-operator's 0.8 / 0.85, so both policies load a replica alike)."""
+    (default: pd-operator's 0.8 / 0.85, so both policies load a replica alike).
+    ``decode_headroom_on="batch"``: decode's headroom taken on the batch instead,
+    ``h / ITL(h)`` at ``h = 0.85 B`` (what pd-operator's rule 3e does on a steady demand;
+    the baseline ``dynamo-batch``, Dynamo's planner having no steady/rising distinction)."""
     head = headroom or DYNAMO_HEADROOM
     kv = cost.kv_capacity_tokens()
 
@@ -257,7 +260,11 @@ def dynamo_profile(cost: CostModel, itl_target: float = ITL_SLO, max_num_seqs: i
                     lo = mid
                 else:
                     hi = mid
-        dec.append((c, head["decode"] * lo / itl(lo, c)))
+        if decode_headroom_on == "batch":
+            b = max(1, int(head["decode"] * lo))
+            dec.append((c, b / itl(b, c)))
+        else:
+            dec.append((c, head["decode"] * lo / itl(lo, c)))
     return pre, dec, {i: ttft(i) for i in isls}
 
 
@@ -345,7 +352,7 @@ class Dynamo(Policy):
         return {"prefill": p, "decode": d}
 
 
-def make_policy(name: str, init, peak, mean, cap_p, cap_d, prof, cap_d_tok=None) -> Policy:
+def make_policy(name: str, init, peak, mean, cap_p, cap_d, prof, cap_d_tok=None, prof_batch=None) -> Policy:
     if name == "pd-operator":  # as shipped: the operator's own capacity estimate and signals (plan_service)
         return PdOperator(init, None)
     if name == "pd-operator-given":  # capacity given from the trace's parameters (the first benchmark's setting)
@@ -366,4 +373,8 @@ def make_policy(name: str, init, peak, mean, cap_p, cap_d, prof, cap_d_tok=None)
         return HPA(init)
     if name == "dynamo":
         return Dynamo(init, prof)
+    if name == "dynamo-batch":  # decode's headroom on the batch (dynamo_profile(decode_headroom_on="batch"))
+        pol = Dynamo(init, prof_batch)
+        pol.name = name
+        return pol
     raise ValueError(f"unknown policy {name!r}")

@@ -39,7 +39,7 @@ from .trace import REFERENCE, TRACES, Surge, Trace
 # The oracle's utilizations: the first version's full-day search result (tests/benchmarks/results/oracle-search.log at commit a8a59ca,
 # the full-day point that passed); not searched again per trace (a search is ~10 runs per trace).
 ORACLE_U = (0.8, 0.8)
-BASELINES = ("static-peak", "static-mean", "hpa", "dynamo")
+BASELINES = ("static-peak", "static-mean", "hpa", "dynamo", "dynamo-batch")
 POLICIES = ("pd-operator",) + BASELINES
 GOAL, GOAL_MODEL_OFF, RATIO_MAX = 0.97, 0.95, 1.3
 
@@ -139,7 +139,7 @@ def run_entry(entry: Entry, out: str | None, jobs: int = 1, hours_scale: float =
     mean = {r: max(1, round(sum(need[r]) / len(need[r]))) for r in need}
     init = {r: need[r][0] for r in need}
     prof = dynamo_profile(true_cost)
-    args = (init, peak, mean, None, None, prof, None)
+    args = (init, peak, mean, None, None, prof, None, dynamo_profile(true_cost, decode_headroom_on="batch"))
     specs = ([(trace, true_cost, "oracle", need), (trace, true_cost, "oracle-now", need)]
              + [(trace, true_cost, p, args) for p in policies])
     if jobs > 1:
