@@ -19,7 +19,8 @@ The control law (docs: autoscale/README.md):
    where ``demand`` is the offered load (plan.py: queue included);
    3b. ``capacity`` corrected online from what a saturated, settled pool
    produced per replica (and, for decode, from the step time the engines
-   were measured at when faster than the cost model: plan.step_ratio);
+   were measured at, either way; prefill's only when faster than the cost
+   model: plan.step_ratio);
    3c. the feedback bounded by twice the floor; 3d. a demand rising by more
    than the tolerance over 3 minutes extrapolated over the pool's observed
    start time (the floor is for when the pods ordered now serve).
@@ -152,7 +153,7 @@ class History:
     futile: float | None = None
     saturated_since: float | None = None  # since when the pool has been saturated without a break
     # the pool's engines' step time over the cost model's, measured on a settled pool and
-    # smoothed (plan.step_ratio, used only below 1); None: not measured yet
+    # smoothed (plan.step_ratio: decode either way, prefill only below 1); None: not measured yet
     step_ratio: float | None = None
     # the offered demand of the last TREND_S (rule 3d), (at, demand)
     demands: list[tuple[float, float]] = field(default_factory=list)

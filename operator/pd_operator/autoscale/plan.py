@@ -50,12 +50,16 @@ def step_ratio(svc: PDInferenceService, role: str, inp: PoolInput, history: Hist
     from the mean ITL; prefill: capacity.prefill_time_ratio, from the mean prefill time),
     measured on a settled pool only (decide.is_settled: the window then holds the pool as it
     is), smoothed (each reading as it is: an average of readings cut at 1 would read engines
-    as fast as the model as faster), and used only when below 1: engines faster than the model have more
-    capacity than it says, and the demand floor may come down to it. A step time above
-    the model's is left to the saturation correction (decide's rule 3b), which reads what
-    a full pool produces and needs no step model: a floor raised on latency alone would
-    also read a passing slowdown as capacity lost for good. The latency feedback still
-    guards the target either way."""
+    as fast as the model as faster). Decode takes it either way: the mean ITL is the mean step
+    at the batch the engines ran, a direct reading (0.98-1.0 where the engines are the model,
+    0.82 where they are 0.8 of it, on the benchmark), and engines slower than the model have
+    less capacity than it says, which the narrow headroom of a steady demand (decide's rule
+    3e) cannot absorb. Prefill takes it only below 1: its reading errs towards slower engines
+    by design (capacity.prefill_time_ratio: 1.0-1.6x the truth on the simulated engine), so a
+    step time above the model's is left to the saturation correction (rule 3b), which reads
+    what a full pool produces and needs no step model. A passing slowdown (a noisy neighbour)
+    is forgotten as it was learned, over ~10 settled rounds. The latency feedback still guards
+    the target either way."""
     obs, state = inp.observation, inp.state
     if obs is None:
         return None
@@ -72,7 +76,9 @@ def step_ratio(svc: PDInferenceService, role: str, inp: PoolInput, history: Hist
             r = min(MAX_STEP_RATIO, max(MIN_STEP_RATIO, r))
             prior = 1.0 if history.step_ratio is None else history.step_ratio  # the model until measured
             history.step_ratio = (1 - STEP_RATIO_WEIGHT) * prior + STEP_RATIO_WEIGHT * r
-    return None if history.step_ratio is None else min(1.0, history.step_ratio)
+    if history.step_ratio is None:
+        return None
+    return history.step_ratio if role == "decode" else min(1.0, history.step_ratio)
 
 
 def learning_basis(svc: PDInferenceService, role: str) -> str:
@@ -175,14 +181,9 @@ def feasible_quantile(svc: PDInferenceService, role: str, obs: Observation | Non
 
 
 def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float | None = None,
-            ratio: float | None = None, measured: float | None = None) -> Signal:
+            ratio: float | None = None) -> Signal:
     obs = inp.observation
     capacity = _capacity(svc, role, inp, ratio)
-    steady = capacity.steady if capacity else None
-    if steady and measured and measured > (ratio or 1.0):
-        # the steady capacity keeps little headroom: at the engines' speed as measured, slower too
-        slower = _capacity(svc, role, inp, measured)
-        steady = slower.steady if slower and slower.steady else None
     observed, note = feasible_quantile(svc, role, obs, ratio) or (obs.observed if obs else None, None)
     # secondary signals by metric, those with data only
     secondaries = {metric: getattr(obs, name) for metric, (_, name) in SECONDARY.items()
@@ -193,7 +194,7 @@ def _signal(svc: PDInferenceService, role: str, inp: PoolInput, upstream: float 
         observed_at=inp.observed_at if obs and obs.observed is not None else None,
         demand=_max(offered_load(role, obs), upstream),
         capacity=capacity.per_replica if capacity else None,
-        capacity_steady=steady,
+        capacity_steady=capacity.steady if capacity else None,
         capacity_note=capacity.describe() if capacity else None,
         secondaries=secondaries,
         floor=latency_floor(svc, role, obs.mean_isl, obs.mean_osl, obs.osl_bias, ratio) if obs else None,
@@ -239,7 +240,7 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
             upstream = decode_offered_from_prefill(inputs["prefill"].observation, inp.observation)
         history = histories.setdefault(role, History())
         _relearn_on_change(svc, role, history)
-        signal = _signal(svc, role, inp, upstream, step_ratio(svc, role, inp, history, now), history.step_ratio)
+        signal = _signal(svc, role, inp, upstream, step_ratio(svc, role, inp, history, now))
         d = decide(pool.autoscaling, inp.state, signal, history, now, interval)
         decisions[role] = d
         target = duration_seconds(pool.autoscaling.target.value)
