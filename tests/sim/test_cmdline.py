@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from pd_operator.perfmodel.engine_defaults import default_max_running
 from pd_operator.render.engines.flagset import FlagError
 from pd_operator_tools.enginesim.__main__ import config_from_argv
 
@@ -28,6 +29,21 @@ def test_rendered_commands_configure_the_sim(example, role, flavor, expected):
     assert cfg.flavor == flavor
     for key, val in expected.items():
         assert getattr(cfg, key) == val, key
+
+
+def test_an_unset_batch_limit_is_the_engines_own_default():
+    """No --max-num-seqs / --max-running-requests on the command line: the engine's own default
+    on the H200 (perfmodel.engine_defaults, from vLLM's arg_utils and SGLang's KV-cache
+    configurator), not a number of the sim's; vLLM's limit is per DP rank."""
+    vllm = ["vllm", "serve", "Qwen/Qwen3-8B"]
+    assert config_from_argv(vllm).running_limit() == 1024
+    assert config_from_argv(vllm + ["--max-num-batched-tokens", "512"]).running_limit() == 512
+    assert config_from_argv(vllm + ["--data-parallel-size", "2"]).running_limit() == 2048
+    assert config_from_argv(vllm + ["--max-num-seqs", "64", "--data-parallel-size", "2"]).running_limit() == 128
+    sgl = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B"]
+    cfg = config_from_argv(sgl)
+    assert cfg.running_limit() == default_max_running("sglang", cfg.kv_tokens(), cfg.max_model_len) >= 2048
+    assert config_from_argv(sgl + ["--max-running-requests", "64"]).running_limit() == 64
 
 
 def test_rendered_api_key_from_env(monkeypatch):

@@ -11,8 +11,11 @@ from pd_operator.autoscale.capacity import (
     decode_tokens_per_s,
     estimate_capacity,
     pool_capacity,
+    pool_max_running,
     prefill_tokens_per_s,
+    replica_cost_model,
 )
+from pd_operator.perfmodel.engine_defaults import default_max_running
 from pd_operator.perfmodel.costmodel import CostModel, Link, shape_for
 from pd_operator_tools.enginesim.clock import VirtualClock
 from pd_operator_tools.enginesim.engine import Engine, SimRequest
@@ -127,17 +130,38 @@ def test_steady_capacity_takes_the_headroom_on_the_batch_where_the_slots_bind():
     """Decode at a steady demand (decide's rule 3e): 0.85 of the 256 slots, h / step(h) on the
     simulated engine, above 0.85 of the full batch's throughput; none where the KV cache or
     the ITL target binds before the slots (their tokens vary more than their count)."""
-    cap = pool_capacity(svc(), "decode", ISL, OSL)
+    slots = {"maxRunningRequests": 256}
+    cap = pool_capacity(svc(decode=slots), "decode", ISL, OSL)
     ctx = int(decode_mean_context(ISL, OSL, 0.6))
     assert _decode_step_s(256, ctx) <= 0.05  # the slots bind here
     held = int(0.85 * 256)
     assert cap.steady == pytest.approx(held / _decode_step_s(held, ctx), rel=0.05)
     assert cap.steady > 1.05 * cap.per_replica
     assert pool_capacity(svc(decode={"maxRunningRequests": 8}), "decode", ISL, OSL).steady is not None
-    tight = svc(decode={"autoscaling": {"target": {"value": "15ms"}}})
+    tight = svc(decode={**slots, "autoscaling": {"target": {"value": "15ms"}}})
     assert pool_capacity(tight, "decode", ISL, OSL).steady is None        # the ITL target binds
-    assert pool_capacity(svc(), "decode", 30 * ISL, OSL).steady is None    # the KV cache binds
-    assert pool_capacity(svc(), "prefill", ISL, OSL).steady is None
+    assert pool_capacity(svc(decode=slots), "decode", 30 * ISL, OSL).steady is None    # the KV cache binds
+    # vLLM's own limit on an H200, 1024: the KV cache holds fewer at this context
+    assert pool_capacity(svc(), "decode", ISL, OSL).steady is None
+    assert pool_capacity(svc(decode=slots), "prefill", ISL, OSL).steady is None
+
+
+def test_an_unset_batch_limit_is_the_engines_own_default_on_the_h200():
+    """vLLM 0.33.0's API server on a >= 70 GiB GPU defaults to 1024 sequences, cut to the
+    batched tokens; SGLang 0.5.23 derives its limit from the KV pool (tests/contract/FACTS.md)."""
+    assert default_max_running("vllm", 10**6, 40960) == 1024
+    assert default_max_running("vllm", 10**6, 40960, max_batched_tokens=512) == 512
+    assert default_max_running("sglang", 900_000, 40960) == 4096             # 900k / 40960 x 512 = 11k, held at 4096
+    assert default_max_running("sglang", 100_000, 40960) == 2048             # 1250, held at 2048
+    assert default_max_running("sglang", 3000, 40960) == 1500                # at most half the KV tokens
+    for kind in ("vllm", "sglang"):
+        cost = replica_cost_model(svc(kind).spec, "decode")
+        limit = pool_max_running(svc(kind).spec, "decode", cost)
+        assert limit == default_max_running(kind, cost.kv_capacity_tokens(), cost.shape.max_model_len)
+        unset = pool_capacity(svc(kind), "decode", ISL, OSL).per_replica
+        assert unset == pool_capacity(svc(kind, decode={"maxRunningRequests": limit}), "decode", ISL, OSL).per_replica
+        # the KV cache, not 256 slots, bounds the batch at this context: more than with 256
+        assert unset > pool_capacity(svc(kind, decode={"maxRunningRequests": 256}), "decode", ISL, OSL).per_replica
 
 
 def test_weights_that_do_not_fit_have_no_estimate():

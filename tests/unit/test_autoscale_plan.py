@@ -282,7 +282,7 @@ def test_step_time_ratio_reads_the_engines_speed():
 
 
 def test_the_measured_decode_step_time_moves_the_floor_either_way():
-    s = svc(decode={"autoscaling": AUTO})
+    s = svc(decode={"autoscaling": AUTO, "maxRunningRequests": 256})  # the slots bind: rule 3e applies
     model = replica_cost_model(s.spec, "decode")
     plans = {}
     for speed in (0.8, 1.0, 1.3):

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
 from ..perfmodel.costmodel import CostModel, shape_for
+from ..perfmodel.engine_defaults import default_max_running
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
 DEFAULT_MAX_BATCHED_TOKENS = 8192  # the engines' step token budget when the pool sets none
-DEFAULT_MAX_NUM_SEQS = 256         # vLLM --max-num-seqs / SGLang --max-running-requests default
 CALIBRATED_MEMORY_FRACTION = 0.92  # the cost model's usable memory is at vLLM's default utilization
 # Headroom of the capacity estimate: a replica is loaded to this share of what it sustains at the target.
 PREFILL_UTILIZATION = 0.8
@@ -191,6 +191,20 @@ def pool_cost_model(shape, engine: str, pool: PoolSpec) -> tuple[CostModel, int]
     return CostModel(shape=shape, tp=tp, ep=ep if pool.expert_parallel else 1), dp
 
 
+def pool_max_running(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -> int:
+    """The most requests one engine rank of the pool batches: ``maxRunningRequests`` when set
+    (rendered as --max-num-seqs / --max-running-requests), else the engine's own default on
+    the H200 (``cost``: the rank's cost model, :func:`pool_cost_model`), as
+    :func:`~pd_operator.perfmodel.engine_defaults.default_max_running` computes it: vLLM 1024,
+    SGLang from its KV pool (2048-4096)."""
+    pool = spec.pool(role)
+    if pool.max_running_requests is not None:
+        return pool.max_running_requests
+    kv = cost.kv_capacity_tokens(_memory_fraction(pool)) // max(cost.dp, 1)  # SGLang: per attention-DP worker
+    return default_max_running(spec.engine.kind, kv, spec.model.max_model_len or cost.shape.max_model_len,
+                               pool.max_batched_tokens)
+
+
 def _memory_fraction(pool: PoolSpec) -> float:
     """The pool's GPU memory for weights and KV, relative to the cost model's."""
     return min(1.0, (pool.gpu_memory_utilization or CALIBRATED_MEMORY_FRACTION) / CALIBRATED_MEMORY_FRACTION)
@@ -216,7 +230,7 @@ def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: floa
             return None
         ctx = _context(mean_isl, mean_osl, osl_bias)
         # the batch is capped by the engine's limit and by the KV cache at the mean context
-        slots = pool.max_running_requests or DEFAULT_MAX_NUM_SEQS
+        slots = pool_max_running(spec, role, cost)
         seqs = min(slots, int(cost.kv_capacity_tokens(_memory_fraction(pool)) // ctx))
         if seqs < 1:
             return None

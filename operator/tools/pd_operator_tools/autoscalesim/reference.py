@@ -17,11 +17,13 @@ BUDGET = 48  # GPUs, for every policy that has a budget
 
 
 def reference_manifest(max_per_pool: int = MAX_PER_POOL, budget: int = BUDGET) -> dict:
-    """The benchmark's service as a PDInferenceService manifest: Qwen3-8B on H200, TP 1, both
-    pools autoscaled with the default targets and behaviour (p99 TTFT 1 s, p99 ITL 50 ms,
+    """The benchmark's service as a PDInferenceService manifest: Qwen3-8B on H200, TP 1, 256
+    running requests per engine, both pools autoscaled with the default targets and behaviour (p99 TTFT 1 s, p99 ITL 50 ms,
     tolerance 0.1, HPA's defaults), min 1, max ``max_per_pool``, ``maxTotalGPUs`` =
     ``budget``, interval 30 s."""
-    pool = {"tensorParallelSize": 1, "gpuProduct": "NVIDIA-H200",
+    # maxRunningRequests: the fleet's engines run at most 256 requests (fleet.BenchFleet's
+    # max_num_seqs), rendered as --max-num-seqs 256; unset, vLLM on an H200 would take 1024
+    pool = {"tensorParallelSize": 1, "gpuProduct": "NVIDIA-H200", "maxRunningRequests": 256,
             "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": max_per_pool}}
     return {
         "apiVersion": "pdserving.io/v1alpha1", "kind": "PDInferenceService",

@@ -52,6 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .clock import AsyncioClock
 from pd_operator.perfmodel.costmodel import LINKS, CostModel, Efficiency, Link, ModelShape
+from pd_operator.perfmodel.engine_defaults import default_max_running
 from .engine import Engine, SimRequest
 from .metrics import PromSink
 
@@ -100,7 +101,9 @@ class SimConfig:
     tp: int = 1
     dp: int = 1  # attention data-parallel ranks of the replica (cost model: the batch is spread over them)
     ep: int = 1  # expert-parallel size (an MoE shape pays one EP dispatch per MoE layer per step)
-    max_num_seqs: int = 256
+    # --max-num-seqs (vLLM, per data-parallel rank) / --max-running-requests (SGLang, the whole
+    # replica); None: not on the command line, the engine's own default (running_limit)
+    max_num_seqs: Optional[int] = None
     max_batched_tokens: int = 8192
     max_model_len: int = 40960
     mem_fraction: float = 1.0
@@ -134,6 +137,22 @@ class SimConfig:
     @property
     def served_name(self) -> str:
         return self.served_names[0] if self.served_names else self.model
+
+    def kv_tokens(self) -> int:
+        return (self.kv_capacity_tokens if self.kv_capacity_tokens is not None
+                else self.cost().kv_capacity_tokens(self.mem_fraction))
+
+    def running_limit(self) -> int:
+        """The most requests the replica runs at once: vLLM's limit is per DP rank (each rank's
+        scheduler has its own), SGLang's --max-running-requests is the replica's (split over
+        its attention-DP workers); unset, the engine's own default on the H200
+        (perfmodel.engine_defaults: vLLM 1024 per rank, SGLang from its KV pool per worker)."""
+        if self.flavor == "vllm":
+            per_rank = self.max_num_seqs or default_max_running("vllm", 0, self.max_model_len, self.max_batched_tokens)
+            return per_rank * self.dp
+        if self.max_num_seqs:
+            return self.max_num_seqs
+        return self.dp * default_max_running("sglang", self.kv_tokens() // self.dp, self.max_model_len)
 
     def cost(self) -> CostModel:
         # the cost model's tp counts every GPU of the replica: SGLang's --tp-size does
@@ -186,10 +205,9 @@ class SimServer:
 
     async def start(self) -> None:
         cfg = self.cfg
-        self.engine = Engine(AsyncioClock(), cfg.cost(), cfg.role, max_num_seqs=cfg.max_num_seqs,
+        self.engine = Engine(AsyncioClock(), cfg.cost(), cfg.role, max_num_seqs=cfg.running_limit(),
                              max_batched_tokens=cfg.max_batched_tokens,
-                             kv_capacity_tokens=cfg.kv_capacity_tokens if cfg.kv_capacity_tokens is not None
-                             else cfg.cost().kv_capacity_tokens(cfg.mem_fraction),
+                             kv_capacity_tokens=cfg.kv_tokens(),
                              link=cfg.link, sink=self.sink, name=f"{cfg.flavor}-{cfg.role}")
         self.sink.bind(self.engine, fetching=lambda: self.fetching,
                        gen_throughput=lambda: self.sink.samples.generation_tokens / max(1e-9, time.monotonic() - self.started))
@@ -305,7 +323,7 @@ class SimServer:
         return web.json_response({
             "model_path": c.model, "served_model_name": c.served_name, "tp_size": c.tp, "dp_size": 1,
             "disaggregation_mode": "null" if c.role == "unified" else c.role,
-            "disaggregation_bootstrap_port": c.bootstrap_port, "max_running_requests": c.max_num_seqs,
+            "disaggregation_bootstrap_port": c.bootstrap_port, "max_running_requests": c.running_limit(),
             "chunked_prefill_size": c.max_batched_tokens, "context_length": c.max_model_len, "version": "0.5.23",
         })
 
