@@ -456,11 +456,12 @@ def _expected_demand(demand: float, history: History, now: float, interval: floa
 
 
 def _steady_capacity(signal: Signal, capacity: float, target: float, state: PoolState, history: History,
-                     now: float, tolerance: float) -> float | None:
+                     tolerance: float) -> float | None:
     """Rule 3e: under a steady demand a pool is held with its headroom on the batch
     (``Signal.capacity_steady``) rather than on the throughput, when the demand is not rising
     (a ramp is led with the throughput headroom: the pods ordered now serve a minute or two
-    later), the latency is not above the target and no pod has a request waiting for a slot.
+    later), the latency is not above the target and not every pod has a request waiting for a
+    slot (as rule 3b reads saturation: a queue on some pods only is where the router sent it).
     The online correction of ``capacity`` (rule 3b) carries over. None: ``capacity`` holds
     (also when the steady figure is not above it: engines measured slower than the model)."""
     if not signal.capacity_steady or not signal.capacity or not signal.demand:
@@ -500,7 +501,7 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     if signal.demand is not None and capacity:
         demand, trend = _expected_demand(signal.demand, history, now, interval, policy.tolerance)
         now_need = math.ceil(signal.demand / capacity) if signal.demand > 0 else policy.min_replicas
-        steady = _steady_capacity(signal, capacity, target, state, history, now, policy.tolerance)
+        steady = _steady_capacity(signal, capacity, target, state, history, policy.tolerance)
         if steady:
             capacity, corrected = steady, corrected + f"; steady: {si(steady)} tok/s/replica with the headroom on the batch"
         # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
