@@ -560,3 +560,23 @@ def test_no_quantile_of_the_others_when_every_prompt_is_too_long():
     out = plan_service(s, {"prefill": PoolInput(PoolState(4, 4), obs, 100.0)}, {}, now=100.0)["prefill"]
     # judged on the quantile of all (2b decides whether the feedback helps)
     assert "of the prompts" not in out.reason and "ttft p99 2500ms above target" in out.reason
+
+
+def test_a_pool_without_a_start_of_its_own_leads_a_ramp_with_the_other_pools():
+    """Rule 3d extrapolates a rising demand over the pool's observed start time; prefill that
+    has not scaled up yet takes decode's (the same model and image), and only until its own."""
+    from pd_operator.autoscale.decide import History
+    s = svc(prefill={"autoscaling": {**AUTO, "maxReplicas": 40}})
+    cap = estimate_capacity(s, "prefill", 2000.0, None)
+    reasons = {}
+    for decode_start in (None, 120.0):
+        histories = {"decode": History(start_seconds=decode_start)}
+        for i in range(7):  # the prompt tokens rise 5 % of the start a round
+            now = 100.0 + 30 * i
+            obs = Observation(0.5, 4.0 * cap * (1 + 0.05 * i), mean_isl=2000.0)
+            out = plan_service(s, {"prefill": PoolInput(PoolState(5, 5), obs, now),
+                                   "decode": PoolInput(PoolState(1, 1), None, now)}, histories, now=now)
+        reasons[decode_start] = out["prefill"].reason
+        assert histories["prefill"].start_seconds is None  # borrowed, not recorded as its own
+    assert "rising" not in reasons[None]
+    assert re.search(r"rising [^)]* in 1[45]0s, when pods ordered now serve", reasons[120.0]), reasons[120.0]

@@ -110,6 +110,9 @@ class Signal:
     # ITL above target is load); False: saturation also needs a queue (prefill: a few long
     # prompts raise the TTFT quantile of a pool that is not full)
     latency_saturates: bool = False
+    # seconds from a scale-up to Ready last observed on the service's other pool (the same model
+    # and image), rule 3d's lead until this pool's own start has been observed; None: unknown
+    sibling_start_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -440,17 +443,19 @@ def rising(history: History, demand: float | None, tolerance: float) -> float | 
 
 
 def _expected_demand(demand: float, history: History, now: float, interval: float,
-                     tolerance: float) -> tuple[float, str]:
+                     tolerance: float, sibling_start: float | None = None) -> tuple[float, str]:
     """Rule 3d: the demand when pods ordered now will serve. Records the sample; a rising
     trend (:func:`rising`) is extrapolated over the pool's observed start time plus one
     interval (the next decision); a falling one is not (no scale-down on a forecast).
-    Without an observed start (no scale-up has completed yet): the demand as it is."""
+    Before the pool's own start is observed (no scale-up of it has completed yet), the other
+    pool's (``sibling_start``); with neither: the demand as it is."""
     history.demands.append((now, demand))
     history.demands = [x for x in history.demands if now - x[0] <= TREND_S]
     slope = rising(history, demand, tolerance)
-    if slope is None or history.start_seconds is None:
+    start = history.start_seconds if history.start_seconds is not None else sibling_start
+    if slope is None or start is None:
         return demand, ""
-    lead = history.start_seconds + interval
+    lead = start + interval
     expected = demand + slope * lead
     return expected, f" (rising {slope * 60:.3g}/min: {expected:.3g} in {lead:.0f}s, when pods ordered now serve)"
 
@@ -499,7 +504,8 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
     capacity, corrected = _corrected_capacity(signal, state, target, policy.tolerance, history, now)
     model, needs, trend = None, "needs", ""
     if signal.demand is not None and capacity:
-        demand, trend = _expected_demand(signal.demand, history, now, interval, policy.tolerance)
+        demand, trend = _expected_demand(signal.demand, history, now, interval, policy.tolerance,
+                                         signal.sibling_start_seconds)
         now_need = math.ceil(signal.demand / capacity) if signal.demand > 0 else policy.min_replicas
         steady = _steady_capacity(signal, capacity, target, state, history, policy.tolerance)
         if steady:
@@ -507,8 +513,12 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         # also inside the latency band: a histogram bucket edge can sit in the band while the pool is full
         model = math.ceil(demand / capacity) if demand > 0 else policy.min_replicas
         # HPA's tolerance on this signal too: a demand within it of what the current size carries
-        # keeps that size (the 1-minute rate's noise would add and remove a replica at a boundary)
+        # keeps that size (the 1-minute rate's noise would add and remove a replica at a boundary);
+        # under 3e not from above with the latency in the band: past the batch headroom with the
+        # latency at the target, the batch is full (the plateau's room is spent)
         if (model != state.replicas and state.replicas > 0 and demand > 0
+                and not (steady and demand > state.replicas * capacity
+                         and signal.observed > target * (1 - policy.tolerance))
                 and abs(demand / (state.replicas * capacity) - 1) <= policy.tolerance):
             model, needs = state.replicas, f"within {policy.tolerance:.0%} of what"
     candidates = []

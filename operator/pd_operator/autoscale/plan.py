@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..api.constants import ROLES
@@ -241,6 +241,9 @@ def plan_service(svc: PDInferenceService, inputs: dict[str, PoolInput], historie
         history = histories.setdefault(role, History())
         _relearn_on_change(svc, role, history)
         signal = _signal(svc, role, inp, upstream, step_ratio(svc, role, inp, history, now))
+        sibling = histories.get(next(r for r in ROLES if r != role))
+        if sibling is not None and sibling.start_seconds is not None:
+            signal = replace(signal, sibling_start_seconds=sibling.start_seconds)
         d = decide(pool.autoscaling, inp.state, signal, history, now, interval)
         decisions[role] = d
         target = duration_seconds(pool.autoscaling.target.value)
