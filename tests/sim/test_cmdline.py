@@ -46,6 +46,23 @@ def test_an_unset_batch_limit_is_the_engines_own_default():
     assert config_from_argv(sgl + ["--max-running-requests", "64"]).running_limit() == 64
 
 
+def test_vllm_throughput_mode_doubles_the_unset_batch_limits():
+    """vLLM 0.33.0 --performance-mode throughput doubles --max-num-seqs and
+    --max-num-batched-tokens where unset (engine/arg_utils.py,
+    _set_default_max_num_seqs_and_batched_tokens_args); a budget under the batch is refused at
+    start (config/scheduler.py), as the engine does."""
+    vllm = ["vllm", "serve", "Qwen/Qwen3-8B"]
+    cfg = config_from_argv(vllm + ["--performance-mode", "throughput"])
+    assert (cfg.running_limit(), cfg.max_batched_tokens) == (2048, 16384)
+    cfg = config_from_argv(vllm + ["--performance-mode=throughput", "--max-num-batched-tokens", "4096"])
+    assert (cfg.running_limit(), cfg.max_batched_tokens) == (2048, 4096)
+    cfg = config_from_argv(vllm + ["--performance-mode", "interactivity"])
+    assert (cfg.running_limit(), cfg.max_batched_tokens) == (1024, 8192)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(8192\) must be greater than or equal to max_num_seqs"):
+        config_from_argv(vllm + ["--max-num-seqs", "10000"])
+    assert config_from_argv(vllm + ["--max-num-seqs", "10000", "--performance-mode", "throughput"]).running_limit() == 10000
+
+
 def test_rendered_api_key_from_env(monkeypatch):
     argv, _ = rendered_engine("vllm-autoscaling", "decode")
     monkeypatch.setenv("VLLM_API_KEY", "k1")

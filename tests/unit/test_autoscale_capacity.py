@@ -12,6 +12,7 @@ from pd_operator.autoscale.capacity import (
     estimate_capacity,
     pool_capacity,
     pool_max_running,
+    pool_step_tokens,
     prefill_tokens_per_s,
     replica_cost_model,
 )
@@ -162,6 +163,26 @@ def test_an_unset_batch_limit_is_the_engines_own_default_on_the_h200():
         assert unset == pool_capacity(svc(kind, decode={"maxRunningRequests": limit}), "decode", ISL, OSL).per_replica
         # the KV cache, not 256 slots, bounds the batch at this context: more than with 256
         assert unset > pool_capacity(svc(kind, decode={"maxRunningRequests": 256}), "decode", ISL, OSL).per_replica
+
+
+def test_vllm_throughput_mode_in_extra_args_is_the_engines_batch_limit():
+    """--performance-mode throughput doubles vLLM's unset batch limits (2048 sequences, 16384
+    batched tokens on an H200: tests/contract/FACTS.md); the capacity reads the flag as the
+    engine does, from spec.engine.extraArgs then the pool's (the last wins)."""
+    fast = {"extraArgs": ["--performance-mode", "throughput"]}
+    spec = svc(decode=fast, prefill=fast).spec
+    cost = replica_cost_model(spec, "decode")
+    assert pool_max_running(spec, "decode", cost) == 2048
+    assert pool_step_tokens(spec, "prefill") == 16384
+    assert pool_step_tokens(svc().spec, "prefill") == 8192
+    assert pool_step_tokens(svc(prefill={"maxBatchedTokens": 4096, **fast}).spec, "prefill") == 4096
+    both_ways = svc(engine={"kind": "vllm", "extraArgs": ["--performance-mode=throughput"]},
+                    decode={"extraArgs": ["--performance-mode", "balanced"]}).spec
+    assert pool_step_tokens(both_ways, "prefill") == 16384
+    assert pool_max_running(both_ways, "decode", cost) == 1024
+    # where the slots bind (short contexts), the doubled limit is more capacity
+    assert (pool_capacity(svc(decode=fast), "decode", 200.0, 100.0).per_replica
+            > pool_capacity(svc(), "decode", 200.0, 100.0).per_replica)
 
 
 def test_weights_that_do_not_fit_have_no_estimate():

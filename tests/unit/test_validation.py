@@ -218,7 +218,7 @@ def test_sglang_served_name_with_a_colon_is_refused():
 def test_vllm_step_token_budget_below_the_batch_size_is_refused():
     """vLLM 0.33.0 refuses to start when --max-num-batched-tokens is under --max-num-seqs
     (vllm/config/scheduler.py:331-336, SchedulerConfig.verify_max_model_len, run from
-    __post_init__): admitted, the pool's engines would crash-loop. With one of them unset
+    __post_init__): admitted, the pool's engines would crash-loop. With --max-num-seqs unset
     vLLM lowers its default to fit (engine/arg_utils.py:3232-3234), and SGLang has no such check."""
     bad = minimal(decode={"maxBatchedTokens": 128, "maxRunningRequests": 256})
     p = problems(bad)
@@ -230,3 +230,16 @@ def test_vllm_step_token_budget_below_the_batch_size_is_refused():
     validate_service(minimal("sglang", decode={"maxBatchedTokens": 128, "maxRunningRequests": 256}))
     p = problems(minimal(prefill={"maxBatchedTokens": 16, "maxRunningRequests": 17}))
     assert "max-num-batched-tokens" in p["spec.prefill.maxBatchedTokens"]
+
+
+def test_vllm_batch_size_above_the_default_step_budget_needs_the_budget_set():
+    """With --max-num-batched-tokens unset vLLM 0.33.0 takes 8192 on an H100/H200
+    (engine/arg_utils.py get_batch_defaults) and does not raise it to --max-num-seqs
+    (_set_default_max_num_seqs_and_batched_tokens_args only lowers it), so more than 8192
+    sequences with no budget set is refused by its scheduler config at start."""
+    p = problems(minimal(decode={"maxRunningRequests": 8193}))
+    assert "spec.decode.maxRunningRequests" in p and "maxBatchedTokens" in p["spec.decode.maxRunningRequests"]
+    assert "spec.prefill.maxRunningRequests" not in p
+    validate_service(minimal(decode={"maxRunningRequests": 8192}))
+    validate_service(minimal(decode={"maxRunningRequests": 10000, "maxBatchedTokens": 10000}))
+    validate_service(minimal("sglang", decode={"maxRunningRequests": 10000}))

@@ -31,6 +31,7 @@ from .constants import (
     ROUTER_IMAGE_RECIPE,
     ROUTER_VERSIONS,
 )
+from ..perfmodel.engine_defaults import VLLM_H200_MAX_NUM_BATCHED_TOKENS
 from .podtemplate import check_pod_template
 from .rules import Rule, cel_list
 
@@ -1132,6 +1133,27 @@ def _dp_attention_rule(pool: str) -> Rule:
     )
 
 
+def _vllm_default_step_tokens_rule(pool: str) -> Rule:
+    p = f"self.{pool}"
+    budget = VLLM_H200_MAX_NUM_BATCHED_TOKENS
+    return Rule(
+        # vLLM 0.33.0: an unset --max-num-batched-tokens defaults to 8192 on H100/H200
+        # (engine/arg_utils.py get_batch_defaults), only lowered to fit --max-num-seqs
+        # (_set_default_max_num_seqs_and_batched_tokens_args), and the scheduler refuses a budget
+        # under --max-num-seqs (config/scheduler.py SchedulerConfig.verify_max_model_len)
+        cel=f"self.engine.kind != 'vllm' || has({p}.maxBatchedTokens) || !has({p}.maxRunningRequests) || "
+        f"{p}.maxRunningRequests <= {budget}",
+        message=f"{pool}.maxRunningRequests above {budget} needs {pool}.maxBatchedTokens with vLLM: its default step "
+        f"budget on an H100/H200 is {budget} tokens (16384 under --performance-mode throughput or on a B200, 2048 on "
+        "GPUs under 70 GiB) and it refuses to start with fewer than --max-num-seqs (\"max_num_batched_tokens must be "
+        f"greater than or equal to max_num_seqs\"): set {pool}.maxBatchedTokens to at least {pool}.maxRunningRequests, "
+        f"or lower {pool}.maxRunningRequests",
+        check=lambda s: s.engine.kind != "vllm" or getattr(s, pool).max_batched_tokens is not None
+        or getattr(s, pool).max_running_requests is None or getattr(s, pool).max_running_requests <= budget,
+        field_path=f".{pool}.maxRunningRequests",
+    )
+
+
 def _vllm_step_tokens_rule(pool: str) -> Rule:
     p = f"self.{pool}"
     return Rule(
@@ -1290,6 +1312,8 @@ class PDInferenceServiceSpec(Base):
         _no_gpu_in_resources_rule("decode"),
         _vllm_step_tokens_rule("prefill"),
         _vllm_step_tokens_rule("decode"),
+        _vllm_default_step_tokens_rule("prefill"),
+        _vllm_default_step_tokens_rule("decode"),
     )
 
     # Defaults that depend on other fields: resolved on read, never stored.

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
 from ..perfmodel.costmodel import CostModel, shape_for
-from ..perfmodel.engine_defaults import default_max_running
+from ..perfmodel.engine_defaults import default_max_running, vllm_step_tokens
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
 DEFAULT_MAX_BATCHED_TOKENS = 8192  # the engines' step token budget when the pool sets none
@@ -202,7 +202,30 @@ def pool_max_running(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -
         return pool.max_running_requests
     kv = cost.kv_capacity_tokens(_memory_fraction(pool)) // max(cost.dp, 1)  # SGLang: per attention-DP worker
     return default_max_running(spec.engine.kind, kv, spec.model.max_model_len or cost.shape.max_model_len,
-                               pool.max_batched_tokens)
+                               pool.max_batched_tokens, vllm_performance_mode(spec, role))
+
+
+def vllm_performance_mode(spec: PDInferenceServiceSpec, role: str) -> str | None:
+    """vLLM's ``--performance-mode`` as the pool's engine reads it from ``spec.engine.extraArgs``
+    then the pool's (rendered in that order: the last wins); None with SGLang or unset."""
+    if spec.engine.kind != "vllm":
+        return None
+    from ..render.args import user_flag_value
+
+    args = list(spec.engine.extra_args) + list(spec.pool(role).extra_args)
+    if not any(a.split("=", 1)[0].replace("_", "-") == "--performance-mode" for a in args):
+        return None
+    return user_flag_value("vllm", spec.engine.effective_version(), ["vllm", "serve", "model"], args,
+                           "performance_mode")
+
+
+def pool_step_tokens(spec: PDInferenceServiceSpec, role: str) -> int:
+    """The pool's step token budget (chunked prefill): ``maxBatchedTokens`` when set, else the
+    engine's default on the H200 (vLLM: 8192, doubled under ``--performance-mode throughput``)."""
+    pool = spec.pool(role)
+    if spec.engine.kind == "vllm":
+        return vllm_step_tokens(pool.max_batched_tokens, vllm_performance_mode(spec, role))
+    return pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
 
 
 def _memory_fraction(pool: PoolSpec) -> float:
@@ -223,7 +246,7 @@ def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: floa
     pool = spec.pool(role)
     steady_rank = None  # decode only
     if role == "prefill":
-        per_rank = prefill_tokens_per_s(cost, mean_isl, pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS,
+        per_rank = prefill_tokens_per_s(cost, mean_isl, pool_step_tokens(spec, role),
                                         utilization=PREFILL_UTILIZATION, cached_share=cached_share or 0.0)
     else:
         if mean_osl is None or mean_osl <= 0:
@@ -322,7 +345,7 @@ def prefill_time_ratio(svc: PDInferenceService, mean_isl: float | None, running_
         return None
     pool = svc.spec.pool("prefill")
     _, ranks = pool_cost_model(cost.shape, svc.spec.engine.kind, pool)
-    budget = pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    budget = pool_step_tokens(svc.spec, "prefill")
     prompts = max(1.0, running_per_replica / ranks)
     chunk = max(1, int(min(computed, budget)))
     per_prompt = cost.prefill_chunk_ms(prefix, chunk) * computed / chunk  # a prompt longer than the budget: its chunks
@@ -371,7 +394,7 @@ def longest_prompt_in_time(svc: PDInferenceService, target_s: float, step_ratio:
         return None
     if step_ratio:
         cost = cost.scaled(step_ratio)
-    budget = svc.spec.pool("prefill").max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    budget = pool_step_tokens(svc.spec, "prefill")
     limit = max_prompt_tokens(svc, cost)
     left, done = target_s * 1e3, 0
     while done < limit:

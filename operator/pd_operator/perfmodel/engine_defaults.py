@@ -8,7 +8,9 @@ engines compute it (tests/contract/FACTS.md, "Batch limits when unset"):
   ``_set_default_max_num_seqs_and_batched_tokens_args``): the OpenAI API server on a GPU
   of at least 70 GiB that is not an A100 (H100, H200) defaults to 1024 sequences and
   8192 batched tokens; at least 160 GiB (B200) to 1024 and 16384; smaller GPUs to 256
-  and 2048. An unset limit is then cut to the batched tokens (``min(max_num_seqs,
+  and 2048. ``--performance-mode throughput`` doubles each of the two that is unset
+  (``_set_default_max_num_seqs_and_batched_tokens_args``: 2048 and 16384 on an H200). An
+  unset limit is then cut to the batched tokens (``min(max_num_seqs,
   max_num_batched_tokens)``).
 * SGLang 0.5.23 (``sglang/srt/mem_cache/kv_cache_configurator.py``,
   ``resolve_max_num_reqs``): per data-parallel worker, ``token_capacity / context_len x
@@ -22,13 +24,28 @@ from __future__ import annotations
 
 VLLM_H200_MAX_NUM_SEQS = 1024          # the API server's default on H100/H200
 VLLM_H200_MAX_NUM_BATCHED_TOKENS = 8192
+VLLM_THROUGHPUT_MODE_FACTOR = 2        # --performance-mode throughput, on each unset limit
+
+
+def _vllm_mode_factor(performance_mode: str | None) -> int:
+    return VLLM_THROUGHPUT_MODE_FACTOR if performance_mode == "throughput" else 1
+
+
+def vllm_step_tokens(max_batched_tokens: int | None, performance_mode: str | None = None) -> int:
+    """vLLM's step token budget on an H200: ``--max-num-batched-tokens`` when rendered, else
+    its default under ``--performance-mode`` (None: not on the command line, "balanced")."""
+    if max_batched_tokens is not None:
+        return max_batched_tokens
+    return VLLM_H200_MAX_NUM_BATCHED_TOKENS * _vllm_mode_factor(performance_mode)
 
 
 def default_max_running(engine: str, kv_tokens_per_worker: int, context_len: int,
-                        max_batched_tokens: int | None = None) -> int:
+                        max_batched_tokens: int | None = None, performance_mode: str | None = None) -> int:
     """The engine's own batch limit (requests) on an H200 when the command line sets none;
-    ``max_batched_tokens``: the step token budget rendered (vLLM caps an unset limit at it)."""
+    ``max_batched_tokens``: the step token budget rendered (vLLM caps an unset limit at it);
+    ``performance_mode``: vLLM's ``--performance-mode`` (throughput doubles the unset limits)."""
     if engine == "vllm":
-        return max(1, min(VLLM_H200_MAX_NUM_SEQS, max_batched_tokens or VLLM_H200_MAX_NUM_BATCHED_TOKENS))
+        seqs = VLLM_H200_MAX_NUM_SEQS * _vllm_mode_factor(performance_mode)
+        return max(1, min(seqs, vllm_step_tokens(max_batched_tokens, performance_mode)))
     estimated = max(min(int(kv_tokens_per_worker / max(context_len, 1) * 512), 4096), 2048)
     return max(1, min(estimated, kv_tokens_per_worker // 2))

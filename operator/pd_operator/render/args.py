@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
 from ..api.errors import SpecError
 
@@ -71,3 +72,20 @@ def check_user_args(
                 problems.append((path, str(err)))
     if problems:
         raise SpecError(problems, service_name)
+
+
+@lru_cache(maxsize=256)
+def _parsed_value(component: str, version: str, argv: tuple[str, ...], dest: str):
+    from .engines.flagset import FlagError, SnapshotNotFound, check_argv
+
+    try:
+        return getattr(check_argv(component, version, list(argv)), dest, None)
+    except (FlagError, SnapshotNotFound):
+        return None
+
+
+def user_flag_value(component: str, version: str, base_argv: list[str], args: list[str], dest: str):
+    """What the pinned parser reads into ``dest`` from user flags (``args``, appended to
+    ``base_argv`` as :func:`check_user_args` does; the last of repeated flags wins);
+    None when unset or when the flags are refused (reported by :func:`check_user_args`)."""
+    return _parsed_value(component, version, tuple(base_argv) + tuple(args), dest)

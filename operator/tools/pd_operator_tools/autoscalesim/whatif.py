@@ -34,8 +34,8 @@ import yaml
 from pd_operator.api import SpecError, validate_service
 from pd_operator.api.constants import ROLES
 from pd_operator.api.models import PDInferenceService, duration_seconds
-from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, DEFAULT_MAX_BATCHED_TOKENS,
-                                            pool_cost_model, pool_max_running)
+from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, pool_cost_model,
+                                            pool_max_running, pool_step_tokens)
 from pd_operator.perfmodel.costmodel import MODELS, CostModel, shape_for
 from .policies import PdOperator
 from .reference import SCRAPE, START_DELAY
@@ -135,8 +135,7 @@ def fleet_settings(svc: PDInferenceService, yardstick: PDInferenceService) -> di
     limits, gpus = {}, {}
     for role in ROLES:
         pool = svc.spec.pool(role)
-        limits[role] = (pool_max_running(svc.spec, role, cost_model(svc, role)),
-                        pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS)
+        limits[role] = (pool_max_running(svc.spec, role, cost_model(svc, role)), pool_step_tokens(svc.spec, role))
         gpus[role] = pool.gpus_per_replica()
     ttft, itl = slo(yardstick)
     return {"decode_cost": _with_memory(svc, "decode"), "limits": limits, "gpus_per_replica": gpus,

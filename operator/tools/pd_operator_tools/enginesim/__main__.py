@@ -20,6 +20,7 @@ import sys
 
 from pd_operator.render.engines.flagset import FlagError, check_argv, split_command
 from pd_operator.perfmodel.costmodel import LINKS, Efficiency, Link, shape_for, MODELS
+from pd_operator.perfmodel.engine_defaults import vllm_step_tokens
 from .group import group_from_namespace, join, lead
 from .server import SimConfig, SimServer
 
@@ -194,7 +195,12 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(kv_role, "unified")
         keys = list(ns.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else []))
         max_seqs = ns.max_num_seqs  # None: the engine's default (SimConfig.running_limit)
-        max_tokens = ns.max_num_batched_tokens or 8192
+        performance_mode = ns.performance_mode or "balanced"
+        max_tokens = vllm_step_tokens(ns.max_num_batched_tokens, performance_mode)
+        if max_seqs is not None and max_tokens < max_seqs:
+            # vllm/config/scheduler.py SchedulerConfig.verify_max_model_len (from __post_init__)
+            raise ValueError(f"max_num_batched_tokens ({max_tokens}) must be greater than or equal to "
+                             f"max_num_seqs ({max_seqs}).")
         mem = ns.gpu_memory_utilization or 0.92
         max_len = ns.max_model_len if ns.max_model_len and ns.max_model_len > 0 else None
         bootstrap = None
@@ -227,6 +233,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         metrics = bool(ns.enable_metrics)
         shutdown_timeout = None  # SGLang drains until no request is left
         connector, max_queued = None, None
+        performance_mode = None
     try:
         shape = shape_for(model)
     except KeyError:
@@ -241,7 +248,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
     return SimConfig(
         flavor=flavor, model=model, served_names=served, shape=shape,
         host=opts.bind or host, port=opts.bind_port or port, role=role, tp=tp, dp=dp, ep=ep,
-        max_num_seqs=max_seqs, max_batched_tokens=max_tokens,
+        max_num_seqs=max_seqs, max_batched_tokens=max_tokens, performance_mode=performance_mode,
         max_model_len=max_len or shape.max_model_len,
         # the calibration's capacity is at full memory; vLLM's default 0.92 is ~ that
         mem_fraction=min(1.0, mem / 0.92), kv_capacity_tokens=opts.kv_capacity_tokens,

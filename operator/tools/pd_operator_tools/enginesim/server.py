@@ -105,6 +105,7 @@ class SimConfig:
     # replica); None: not on the command line, the engine's own default (running_limit)
     max_num_seqs: Optional[int] = None
     max_batched_tokens: int = 8192
+    performance_mode: Optional[str] = None  # vLLM --performance-mode (throughput doubles the unset batch limit)
     max_model_len: int = 40960
     mem_fraction: float = 1.0
     kv_capacity_tokens: Optional[int] = None
@@ -148,7 +149,8 @@ class SimConfig:
         its attention-DP workers); unset, the engine's own default on the H200
         (perfmodel.engine_defaults: vLLM 1024 per rank, SGLang from its KV pool per worker)."""
         if self.flavor == "vllm":
-            per_rank = self.max_num_seqs or default_max_running("vllm", 0, self.max_model_len, self.max_batched_tokens)
+            per_rank = self.max_num_seqs or default_max_running("vllm", 0, self.max_model_len, self.max_batched_tokens,
+                                                             self.performance_mode)
             return per_rank * self.dp
         if self.max_num_seqs:
             return self.max_num_seqs
