@@ -90,3 +90,34 @@ def test_every_malformed_spec_is_refused_or_creates_nothing(kube_cluster, crd, n
               f"{len(admitted)} reported InvalidSpec ({dict(by)}); none half-created")
     finally:
         op.stop()
+
+
+def test_a_quota_filled_by_a_service_of_the_same_spec_leaves_nothing_of_the_next(  # noqa: F811
+        kube_cluster, crd, namespace, custom_objects, api_client, core_v1, tmp_path):
+    """A ResourceQuota on count/statefulsets.apps that the first service fills: the second,
+    of the same spec, reuses the first's dry-run verdicts, and the API server refuses its
+    first StatefulSet only at the write (a dry-run adds nothing to a quota's usage). It is
+    reported ApplyFailed with the quota's words, and none of its children is left."""
+    core_v1.create_namespaced_resource_quota(namespace, {
+        "metadata": {"name": "sts"}, "spec": {"hard": {"count/statefulsets.apps": "2"}}})
+    log = tmp_path / "operator.log"
+    op = Operator(kube_cluster.kubeconfig, namespace, log).start()
+    try:
+        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, service("a", namespace))
+        wait_for(lambda: set(children(api_client, namespace, "a")) == expected("a"), 120, "a's children", interval=1)
+        custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, service("b", namespace))
+
+        def failed():
+            c = condition(custom_objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "b"), "Ready")
+            return c if c and c["reason"] == "ApplyFailed" else None
+
+        try:
+            c = wait_for(failed, 120, "b reported ApplyFailed", interval=1)
+        except AssertionError:
+            print(log.read_text()[-5000:])
+            raise
+        assert "exceeded quota" in c["message"], c
+        assert children(api_client, namespace, "b") == {}
+        assert set(children(api_client, namespace, "a")) == expected("a")
+    finally:
+        op.stop()

@@ -349,3 +349,57 @@ def test_the_operators_own_rbac_refusal_stays_an_apply_failure():
     run(api)
     ready = api.services[(NS, "svc")]["status"]["conditions"][0]
     assert ready["reason"] != "InvalidSpec" and api.objects == {}, ready
+
+
+class QuotaApi(FakeApi):
+    """A ResourceQuota on ``count/statefulsets.apps`` in the namespace: the API server's quota
+    admission refuses a create past it, dry-run or not, with a 403 (apiserver
+    plugin/pkg/admission/resourcequota: "exceeded quota")."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def apply(self, obj, manager=FIELD_MANAGER, dry_run=False):
+        import json
+
+        from kubernetes.client.rest import ApiException
+
+        kind, ns, name = obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
+        used = sum(1 for k in self.objects if k[0] == "StatefulSet" and k[1] == ns)
+        if kind == "StatefulSet" and (kind, ns, name) not in self.objects and used >= self.limit:
+            self.calls.append(("apply-dry-run" if dry_run else "apply", kind))
+            message = (f'statefulsets.apps "{name}" is forbidden: exceeded quota: sts, requested: '
+                       f"count/statefulsets.apps=1, used: count/statefulsets.apps={used}, "
+                       f"limited: count/statefulsets.apps={self.limit}")
+            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                    "reason": "Forbidden", "code": 403}
+            raise ApiException(status=403, reason="Forbidden", body=json.dumps(body))
+        return super().apply(obj, manager=manager, dry_run=dry_run)
+
+
+def test_a_write_refused_after_kept_verdicts_leaves_nothing_of_a_new_service():
+    """The dry-run verdicts of one service carry over to another of the same spec; a quota
+    filled in between refuses the second's StatefulSet only at the real write. Before, the
+    children written up to it stayed (half-created) and the next passes wrote them again from
+    the kept verdicts; now they are deleted, the namespace's verdicts dropped, and the next
+    pass is refused at the dry-run, writing nothing."""
+    api = QuotaApi(limit=2)
+    add_service(api, "a")
+    run(api, "a")
+    assert sum(1 for k in api.objects if k[0] == "StatefulSet") == 2
+    add_service(api, "b")
+    api.calls.clear()
+    _, events = run(api, "b")
+    assert not [k for k in api.objects if k[2].startswith("b-")], sorted(api.objects)
+    failed = [m for t, r, m in events if r == "ApplyFailed"]
+    assert failed and "exceeded quota" in failed[0] and "were deleted" in failed[0], events
+    assert ("delete", "Service") in api.calls
+    # the next pass asks the API server again and writes nothing
+    api.calls.clear()
+    run(api, "b")
+    assert ("apply-dry-run", "StatefulSet") in api.calls
+    assert [c for c in api.calls if c[0] in ("apply", "apply_replicas", "delete")] == []
+    assert not [k for k in api.objects if k[2].startswith("b-")]
+    # the running service is not touched
+    assert sum(1 for k in api.objects if k[2].startswith("a-")) >= 10

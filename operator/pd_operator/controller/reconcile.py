@@ -175,6 +175,7 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         return status
 
     scaled: dict[str, str] = {}
+    written: list[tuple[str, str]] = []  # (kind, name) applied by this pass
     for obj, role, stale, desired in plan if apply_error is None else []:
         try:
             if role is None:
@@ -186,8 +187,15 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
                 if reason:
                     scaled[role] = reason
                     event(body, "Normal", "Scaled", reason)
+            if stale:
+                written.append((obj["kind"], obj["metadata"]["name"]))
         except ApiException as err:
             apply_error = f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err.status} {err.reason}: {_api_message(err)}"
+            # what the dry-runs accepted no longer holds (a quota filled, a policy added): the
+            # namespace's kept verdicts are dropped, so the next pass asks the API server again
+            ACCEPTED.forget(namespace)
+            if not current and written:
+                apply_error += _undo_creation(kube, namespace, name, written)
             event(body, "Warning", "ApplyFailed", apply_error)
             break
     if not current and apply_error is None:
@@ -224,6 +232,23 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     if apply_error:
         raise RuntimeError(apply_error)
     return status
+
+
+def _undo_creation(kube: Kube, namespace: str, service: str, written: list[tuple[str, str]]) -> str:
+    """All or nothing for a service created now (it had no pool): the children this pass
+    wrote before an apply failed are deleted, so the service is not left half-created (its
+    dry-runs passed, or their verdicts were kept, and the API server refused a later write
+    anyway). Returns what to add to the failure's message."""
+    left = []
+    for kind, obj_name in reversed(written):
+        try:
+            kube.delete(kind, namespace, obj_name)
+        except ApiException:
+            left.append(f"{kind}/{obj_name}")
+    OWNED.forget(namespace, service)
+    if left:
+        return f"; the children written before it could not all be deleted (left: {', '.join(left)})"
+    return f"; the {len(written)} children written before it were deleted (nothing of the service is left)"
 
 
 def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stale: bool, desired: int) -> str | None:
@@ -431,6 +456,11 @@ class Accepted:
     def clear(self) -> None:
         with self._guard:
             self._seen.clear()
+
+    def forget(self, namespace: str) -> None:
+        """Drop the verdicts kept for ``namespace``."""
+        with self._guard:
+            self._seen = {k: t for k, t in self._seen.items() if k[0] != namespace}
 
     def __len__(self) -> int:
         return len(self._seen)
