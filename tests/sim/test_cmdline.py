@@ -46,6 +46,23 @@ def test_an_unset_batch_limit_is_the_engines_own_default():
     assert config_from_argv(sgl + ["--max-running-requests", "64"]).running_limit() == 64
 
 
+def test_an_fp8_kv_cache_holds_twice_the_tokens_and_a_layout_not_modelled_is_refused():
+    """--kv-cache-dtype fp8 (vLLM) / fp8_e5m2 (SGLang) stores K and V in one byte per element
+    (tests/contract/FACTS.md, "KV cache dtype"): twice the tokens in the same memory, half the
+    bytes to move to decode. A packed 4-bit cache is not modelled: refused, not run as bf16."""
+    vllm = ["vllm", "serve", "Qwen/Qwen3-8B"]
+    plain = config_from_argv(vllm)
+    fp8 = config_from_argv(vllm + ["--kv-cache-dtype", "fp8"])
+    assert fp8.kv_tokens() == pytest.approx(2 * plain.kv_tokens(), rel=1e-6)
+    assert fp8.cost().transfer_ms(4096, fp8.link) < plain.cost().transfer_ms(4096, plain.link)
+    assert config_from_argv(vllm + ["--kv-cache-dtype", "bfloat16"]).kv_tokens() == plain.kv_tokens()
+    with pytest.raises(ValueError, match="--kv-cache-dtype nvfp4"):
+        config_from_argv(vllm + ["--kv-cache-dtype", "nvfp4"])
+    sgl = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B"]
+    assert (config_from_argv(sgl + ["--kv-cache-dtype", "fp8_e5m2"]).kv_tokens()
+            == pytest.approx(2 * config_from_argv(sgl).kv_tokens(), rel=1e-6))
+
+
 def test_vllm_throughput_mode_doubles_the_unset_batch_limits():
     """vLLM 0.33.0 --performance-mode throughput doubles --max-num-seqs and
     --max-num-batched-tokens where unset (engine/arg_utils.py,

@@ -16,7 +16,7 @@ from pd_operator.autoscale.capacity import (
     prefill_tokens_per_s,
     replica_cost_model,
 )
-from pd_operator.perfmodel.engine_defaults import default_max_running
+from pd_operator.perfmodel.engine_defaults import default_max_running, kv_element_bytes
 from pd_operator.perfmodel.costmodel import CostModel, Link, shape_for
 from pd_operator_tools.enginesim.clock import VirtualClock
 from pd_operator_tools.enginesim.engine import Engine, SimRequest
@@ -183,6 +183,30 @@ def test_vllm_throughput_mode_in_extra_args_is_the_engines_batch_limit():
     # where the slots bind (short contexts), the doubled limit is more capacity
     assert (pool_capacity(svc(decode=fast), "decode", 200.0, 100.0).per_replica
             > pool_capacity(svc(), "decode", 200.0, 100.0).per_replica)
+
+
+def test_the_kv_cache_dtype_of_extra_args_sizes_the_kv_bound():
+    """--kv-cache-dtype in extraArgs (the engine's, then the pool's: the last wins): a plain
+    FP8 cache holds twice the tokens, so a decode pool bound by its KV cache carries more; a
+    layout the cost model does not model (packed 4-bit, an FP8 MLA latent) has no estimate
+    rather than the bf16 one."""
+    fp8 = {"extraArgs": ["--kv-cache-dtype", "fp8"]}
+    plain = replica_cost_model(svc().spec, "decode")
+    packed = replica_cost_model(svc(decode=fp8).spec, "decode")
+    assert packed.kv_capacity_tokens() == pytest.approx(2 * plain.kv_capacity_tokens(), rel=1e-6)
+    # 6000-token contexts: the KV cache, not the slots, bounds the batch
+    assert (pool_capacity(svc(decode=fp8), "decode", 4000.0, 2000.0).per_replica
+            > 1.5 * pool_capacity(svc(), "decode", 4000.0, 2000.0).per_replica)
+    assert replica_cost_model(svc(decode=fp8).spec, "prefill").kv_capacity_tokens() == plain.kv_capacity_tokens()
+    undone = svc(engine={"kind": "vllm", "extraArgs": ["--kv-cache-dtype=fp8"]},
+                 decode={"extraArgs": ["--kv-cache-dtype", "auto"]}).spec
+    assert replica_cost_model(undone, "decode").kv_capacity_tokens() == plain.kv_capacity_tokens()
+    assert replica_cost_model(undone, "prefill").kv_capacity_tokens() == packed.kv_capacity_tokens()
+    assert pool_capacity(svc(decode={"extraArgs": ["--kv-cache-dtype", "nvfp4"]}), "decode", ISL, OSL) is None
+    assert kv_element_bytes("vllm", "fp8", 2, mla=True) is None  # vLLM's MLA FP8 caches have their own layouts
+    assert (replica_cost_model(svc("sglang", decode={"extraArgs": ["--kv-cache-dtype", "fp8_e4m3"]}).spec,
+                               "decode").kv_capacity_tokens()
+            == pytest.approx(2 * replica_cost_model(svc("sglang").spec, "decode").kv_capacity_tokens(), rel=1e-6))
 
 
 def test_weights_that_do_not_fit_have_no_estimate():

@@ -176,6 +176,12 @@ def test_what_the_cost_model_cannot_run_is_refused(tmp_path, capsys):
     code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", pp), *WINDOW)
     assert code == 1 and "spec.prefill.pipelineParallelSize" in err and "spec.decode.gpuProduct" in err
 
+    def nvfp4(spec):
+        spec["decode"].setdefault("extraArgs", []).extend(["--kv-cache-dtype", "nvfp4"])
+
+    code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", nvfp4), *WINDOW)
+    assert code == 1 and "spec.decode.extraArgs" in err and "nvfp4" in err and "spec.prefill" not in err
+
 
 def test_unreadable_inputs_exit_2(tmp_path, capsys):
     path = _spec(tmp_path, "current")

@@ -35,11 +35,11 @@ the unit of :func:`~pd_operator.autoscale.promql.demand_query`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
 from ..perfmodel.costmodel import CostModel, shape_for
-from ..perfmodel.engine_defaults import default_max_running, vllm_step_tokens
+from ..perfmodel.engine_defaults import default_max_running, kv_element_bytes, vllm_step_tokens
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
 DEFAULT_MAX_BATCHED_TOKENS = 8192  # the engines' step token budget when the pool sets none
@@ -161,7 +161,8 @@ def si(value: float) -> str:
 
 def replica_cost_model(spec: PDInferenceServiceSpec, role: str) -> CostModel | None:
     """The calibrated cost model of one engine rank of the pool, or None where it
-    does not apply: a model shape the cost model does not know, a GPU product
+    does not apply: a model shape the cost model does not know (or a KV cache
+    dtype, --kv-cache-dtype, whose layout it does not model: pool_shape), a GPU product
     other than H200 (``gpuProduct``, or the product label in ``nodeSelector``)
     or AMD, pipeline parallelism (not modelled), weights that do not fit."""
     pool = spec.pool(role)
@@ -170,9 +171,8 @@ def replica_cost_model(spec: PDInferenceServiceSpec, role: str) -> CostModel | N
     product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
     if product is not None and CALIBRATED_GPU not in product.upper():
         return None
-    try:
-        shape = shape_for(spec.model.name)
-    except KeyError:
+    shape = pool_shape(spec, role)
+    if shape is None:
         return None
     cost, _ = pool_cost_model(shape, spec.engine.kind, pool)
     return cost if cost.kv_capacity_tokens(_memory_fraction(pool)) > 0 else None
@@ -205,18 +205,39 @@ def pool_max_running(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -
                                pool.max_batched_tokens, vllm_performance_mode(spec, role))
 
 
-def vllm_performance_mode(spec: PDInferenceServiceSpec, role: str) -> str | None:
-    """vLLM's ``--performance-mode`` as the pool's engine reads it from ``spec.engine.extraArgs``
-    then the pool's (rendered in that order: the last wins); None with SGLang or unset."""
-    if spec.engine.kind != "vllm":
+def user_engine_flag(spec: PDInferenceServiceSpec, role: str, flag: str) -> str | None:
+    """A flag of the pool's engine as its parser reads it from ``spec.engine.extraArgs`` then
+    the pool's (rendered in that order: the last wins); None when unset."""
+    args = list(spec.engine.extra_args) + list(spec.pool(role).extra_args)
+    if not any(a.split("=", 1)[0].replace("_", "-") == flag for a in args):
         return None
     from ..render.args import user_flag_value
 
-    args = list(spec.engine.extra_args) + list(spec.pool(role).extra_args)
-    if not any(a.split("=", 1)[0].replace("_", "-") == "--performance-mode" for a in args):
+    base = (["vllm", "serve", "model"] if spec.engine.kind == "vllm"
+            else ["python3", "-m", "sglang.launch_server", "--model-path", "model"])
+    return user_flag_value(spec.engine.kind, spec.engine.effective_version(), base, args,
+                           flag.lstrip("-").replace("-", "_"))
+
+
+def vllm_performance_mode(spec: PDInferenceServiceSpec, role: str) -> str | None:
+    """vLLM's ``--performance-mode`` of the pool (:func:`user_engine_flag`); None with SGLang or unset."""
+    return user_engine_flag(spec, role, "--performance-mode") if spec.engine.kind == "vllm" else None
+
+
+def pool_shape(spec: PDInferenceServiceSpec, role: str):
+    """The model's shape as the pool's engines hold it: its KV cache in the element size
+    ``--kv-cache-dtype`` (extraArgs) gives it (perfmodel.engine_defaults.kv_element_bytes).
+    None: a model the cost model does not know, or a KV layout it does not model."""
+    try:
+        shape = shape_for(spec.model.name)
+    except KeyError:
         return None
-    return user_flag_value("vllm", spec.engine.effective_version(), ["vllm", "serve", "model"], args,
-                           "performance_mode")
+    model_bytes = shape.kv_dtype_bytes or shape.dtype_bytes
+    size = kv_element_bytes(spec.engine.kind, user_engine_flag(spec, role, "--kv-cache-dtype"), model_bytes,
+                            shape.mla)
+    if size is None:
+        return None
+    return shape if size == model_bytes else replace(shape, kv_dtype_bytes=size)
 
 
 def pool_step_tokens(spec: PDInferenceServiceSpec, role: str) -> int:

@@ -49,3 +49,28 @@ def default_max_running(engine: str, kv_tokens_per_worker: int, context_len: int
         return max(1, min(seqs, vllm_step_tokens(max_batched_tokens, performance_mode)))
     estimated = max(min(int(kv_tokens_per_worker / max(context_len, 1) * 512), 4096), 2048)
     return max(1, min(estimated, kv_tokens_per_worker // 2))
+
+
+# --kv-cache-dtype values whose cache is dense K and V of one byte per element, as the pinned
+# engines lay it out (tests/contract/FACTS.md, "KV cache dtype"): vLLM 0.33.0
+# (utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE: uint8 / float8_e4m3fn; v1/kv_cache_interface.py
+# AttentionSpec: (head_size + head_size_v) x the dtype's size per KV head and token);
+# SGLang 0.5.23 (mem_cache/kv_cache_dtype.py configure_kv_cache_dtype: float8_e4m3fn / float8_e5m2).
+ONE_BYTE_KV = {"vllm": frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"}),
+               "sglang": frozenset({"fp8_e4m3", "fp8_e5m2"})}
+# the model's own dtype (what the shape holds): vLLM "auto" and the 16-bit names; SGLang "auto"
+# (unless the checkpoint's quantization config names an FP8 KV cache) and bf16
+MODEL_DTYPE_KV = {"vllm": frozenset({"auto", "bfloat16", "float16", "half"}),
+                  "sglang": frozenset({"auto", "bf16", "bfloat16"})}
+
+
+def kv_element_bytes(engine: str, kv_cache_dtype: str | None, model_bytes: int, mla: bool) -> int | None:
+    """Bytes per element of the engine's KV cache under ``--kv-cache-dtype`` (None: unset):
+    the model's (``model_bytes``) or one byte for the plain FP8 formats; None for a layout not
+    modelled here (packed 4-bit and per-token-head formats with their scales, an FP8 latent of
+    an MLA model)."""
+    if kv_cache_dtype is None or kv_cache_dtype in MODEL_DTYPE_KV.get(engine, ()):
+        return model_bytes
+    if kv_cache_dtype in ONE_BYTE_KV.get(engine, ()) and not mla:
+        return 1
+    return None

@@ -35,7 +35,7 @@ from pd_operator.api import SpecError, validate_service
 from pd_operator.api.constants import ROLES
 from pd_operator.api.models import PDInferenceService, duration_seconds
 from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, pool_cost_model,
-                                            pool_max_running, pool_step_tokens)
+                                            pool_max_running, pool_shape, pool_step_tokens, user_engine_flag)
 from pd_operator.perfmodel.costmodel import MODELS, CostModel, shape_for
 from .policies import PdOperator
 from .reference import SCRAPE, START_DELAY
@@ -75,7 +75,9 @@ def load_spec(path: str) -> PDInferenceService:
 
 
 def cost_model(svc: PDInferenceService, role: str) -> CostModel:
-    return pool_cost_model(shape_for(svc.spec.model.name), svc.spec.engine.kind, svc.spec.pool(role))[0]
+    """The pool's engine rank (its KV cache in the dtype of --kv-cache-dtype: pool_shape);
+    simulation_problems has refused what it cannot model."""
+    return pool_cost_model(pool_shape(svc.spec, role), svc.spec.engine.kind, svc.spec.pool(role))[0]
 
 
 def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
@@ -92,6 +94,12 @@ def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
                                                f"(got {spec.engine.accelerator!r})"))
     for role in ROLES:
         pool, at = svc.spec.pool(role), f"spec.{role}"
+        if pool_shape(spec, role) is None:
+            mine = any(a.split("=", 1)[0].replace("_", "-") == "--kv-cache-dtype" for a in pool.extra_args)
+            out.append((f"{at}.extraArgs" if mine else "spec.engine.extraArgs", "the cost model does not model the KV cache of --kv-cache-dtype "
+                                           f"{user_engine_flag(spec, role, '--kv-cache-dtype')!r} for this model "
+                                           "(it models the model's own dtype and the plain FP8 formats)"))
+            continue
         product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
         if product is not None and CALIBRATED_GPU not in product.upper():
             field = "gpuProduct" if pool.gpu_product else f"nodeSelector[{spec.gpu_product_label()}]"

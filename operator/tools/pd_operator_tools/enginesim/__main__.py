@@ -17,10 +17,11 @@ import os
 import re
 import signal
 import sys
+from dataclasses import replace
 
 from pd_operator.render.engines.flagset import FlagError, check_argv, split_command
 from pd_operator.perfmodel.costmodel import LINKS, Efficiency, Link, shape_for, MODELS
-from pd_operator.perfmodel.engine_defaults import vllm_step_tokens
+from pd_operator.perfmodel.engine_defaults import kv_element_bytes, vllm_step_tokens
 from .group import group_from_namespace, join, lead
 from .server import SimConfig, SimServer
 
@@ -241,6 +242,14 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
             raise ValueError(f"the simulator has no cost shape for model {model!r}; known: "
                              f"{', '.join(sorted(MODELS))} (or pass --model-shape NAME)") from None
         shape = MODELS[opts.model_shape]
+    # the KV cache in the element size --kv-cache-dtype gives it (as the capacity: pool_shape)
+    model_bytes = shape.kv_dtype_bytes or shape.dtype_bytes
+    kv_bytes = kv_element_bytes(flavor, ns.kv_cache_dtype, model_bytes, shape.mla)
+    if kv_bytes is None:
+        raise ValueError(f"the simulator does not model the KV cache of --kv-cache-dtype {ns.kv_cache_dtype} "
+                         f"for {shape.name} (it models the model's own dtype and the plain FP8 formats)")
+    if kv_bytes != model_bytes:
+        shape = replace(shape, kv_dtype_bytes=kv_bytes)
     link = LINKS[opts.kv_link]
     if opts.kv_gbps is not None or opts.kv_fixed_ms is not None:
         link = Link(f"{link.name}*", opts.kv_gbps or link.gbytes_per_s,
