@@ -96,9 +96,10 @@ def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
         pool, at = svc.spec.pool(role), f"spec.{role}"
         if pool_shape(spec, role) is None:
             mine = any(a.split("=", 1)[0].replace("_", "-") == "--kv-cache-dtype" for a in pool.extra_args)
-            out.append((f"{at}.extraArgs" if mine else "spec.engine.extraArgs", "the cost model does not model the KV cache of --kv-cache-dtype "
-                                           f"{user_engine_flag(spec, role, '--kv-cache-dtype')!r} for this model "
-                                           "(it models the model's own dtype and the plain FP8 formats)"))
+            dtype = user_engine_flag(spec, role, "--kv-cache-dtype")
+            out.append((f"{at}.extraArgs" if mine else "spec.engine.extraArgs",
+                        f"the cost model does not model the KV cache of --kv-cache-dtype {dtype!r} for this "
+                        "model (it models the model's own dtype and the plain FP8 formats)"))
             continue
         product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
         if product is not None and CALIBRATED_GPU not in product.upper():
