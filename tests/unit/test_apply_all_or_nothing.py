@@ -403,3 +403,26 @@ def test_a_write_refused_after_kept_verdicts_leaves_nothing_of_a_new_service():
     assert not [k for k in api.objects if k[2].startswith("b-")]
     # the running service is not touched
     assert sum(1 for k in api.objects if k[2].startswith("a-")) >= 10
+
+
+def test_a_refused_write_undoes_only_children_the_pass_created():
+    """A service whose pools are gone (deleted by hand) while its other children serve: when
+    putting them back is refused half-way (the quota now holds one more StatefulSet), the pool
+    this pass created is deleted and nothing that existed before the pass, edited in it or
+    not, is touched (found by a review: the undo first took every child the pass wrote)."""
+    api = QuotaApi(limit=2)
+    add_service(api, "a")
+    run(api, "a")
+    for role in ("prefill", "decode"):
+        api.objects.pop(("StatefulSet", NS, f"a-{role}"))
+    api.limit = 1
+    svc = api.services[(NS, "a")]
+    svc["spec"]["router"]["replicas"] = 2  # the router Deployment is stale in the same pass
+    svc["metadata"]["generation"] = 2
+    before = {k for k in api.objects if k[2].startswith("a-")}
+    api.calls.clear()
+    _, events = run(api, "a")
+    assert [c for c in api.calls if c[0] == "apply"] == [("apply", "StatefulSet"), ("apply", "StatefulSet")]
+    assert [c for c in api.calls if c[0] == "delete"] == [("delete", "StatefulSet")]  # a-prefill, created now
+    assert {k for k in api.objects if k[2].startswith("a-")} == before
+    assert any(r == "ApplyFailed" and "exceeded quota" in m and "1 children" in m for _, r, m in events), events

@@ -175,7 +175,12 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
         return status
 
     scaled: dict[str, str] = {}
-    written: list[tuple[str, str]] = []  # (kind, name) applied by this pass
+    # a service that has no pool yet: the children this pass creates (absent before it) are
+    # undone if a later write is refused (_undo_creation); none when a pool exists
+    created: list[tuple[str, str]] = []
+    absent = set() if current else {(o["kind"], o["metadata"]["name"]) for o, role, stale, _ in plan
+                                    if stale and (role is not None  # a pool: none exists (current)
+                                                  or kube.get(o["kind"], namespace, o["metadata"]["name"]) is None)}
     for obj, role, stale, desired in plan if apply_error is None else []:
         try:
             if role is None:
@@ -187,15 +192,15 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
                 if reason:
                     scaled[role] = reason
                     event(body, "Normal", "Scaled", reason)
-            if stale:
-                written.append((obj["kind"], obj["metadata"]["name"]))
+            if (obj["kind"], obj["metadata"]["name"]) in absent:
+                created.append((obj["kind"], obj["metadata"]["name"]))
         except ApiException as err:
             apply_error = f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err.status} {err.reason}: {_api_message(err)}"
             # what the dry-runs accepted no longer holds (a quota filled, a policy added): the
             # namespace's kept verdicts are dropped, so the next pass asks the API server again
             ACCEPTED.forget(namespace)
-            if not current and written:
-                apply_error += _undo_creation(kube, namespace, name, written)
+            if created:
+                apply_error += _undo_creation(kube, namespace, name, created)
             event(body, "Warning", "ApplyFailed", apply_error)
             break
     if not current and apply_error is None:
@@ -234,21 +239,22 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     return status
 
 
-def _undo_creation(kube: Kube, namespace: str, service: str, written: list[tuple[str, str]]) -> str:
+def _undo_creation(kube: Kube, namespace: str, service: str, created: list[tuple[str, str]]) -> str:
     """All or nothing for a service created now (it had no pool): the children this pass
-    wrote before an apply failed are deleted, so the service is not left half-created (its
+    created before an apply failed are deleted, so the service is not left half-created (its
     dry-runs passed, or their verdicts were kept, and the API server refused a later write
-    anyway). Returns what to add to the failure's message."""
+    anyway). Only children absent before the pass: nothing that served before is touched.
+    Returns what to add to the failure's message."""
     left = []
-    for kind, obj_name in reversed(written):
+    for kind, obj_name in reversed(created):
         try:
             kube.delete(kind, namespace, obj_name)
-        except ApiException:
+        except Exception:  # noqa: BLE001 - the API server unreachable, or this replica no longer leads
             left.append(f"{kind}/{obj_name}")
     OWNED.forget(namespace, service)
     if left:
-        return f"; the children written before it could not all be deleted (left: {', '.join(left)})"
-    return f"; the {len(written)} children written before it were deleted (nothing of the service is left)"
+        return f"; of the children it created before, these could not be deleted: {', '.join(left)}"
+    return f"; the {len(created)} children it created before were deleted (nothing of the service is left)"
 
 
 def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stale: bool, desired: int) -> str | None:
