@@ -143,6 +143,25 @@ def test_vllm_model_flag_and_flexible_spellings():
     accepts("vllm", VLLM, ["Qwen/Qwen3-8B", "--port", "8000"])
 
 
+def test_a_negative_boolean_spelling_reads_false():
+    """argparse.BooleanOptionalAction stores False for --no-X, and vLLM's EnableDisableAction
+    (vllm/utils/argparse_utils.py) for --disable-X of an --enable-X flag and the reverse; the
+    value is what the capacity reads (--no-enable-chunked-prefill raises vLLM's unset step
+    budget to the context length). Before, every spelling read True."""
+    def read(*flags, component="vllm", base=("vllm", "serve", "m")):
+        return fs.check_argv(component, VLLM if component == "vllm" else SGLANG, [*base, *flags])
+
+    assert read("--no-enable-chunked-prefill").enable_chunked_prefill is False
+    assert read("--disable-chunked-prefill").enable_chunked_prefill is False
+    assert read("--enable-chunked-prefill").enable_chunked_prefill is True
+    assert read().enable_chunked_prefill is None
+    assert read("--no-enable-prefix-caching").enable_prefix_caching is False
+    assert read("--enable-chunked-mm-input").disable_chunked_mm_input is False
+    assert read("--enable-prefix-caching", "--no-enable-prefix-caching").enable_prefix_caching is False  # last wins
+    sgl = ("python3", "-m", "sglang.launch_server", "--model-path", "m")
+    assert read("--no-enable-tf32-matmul", component="sglang", base=sgl).enable_tf32_matmul is False
+
+
 def test_vllm_recent_scheduler_flags_exist_at_0_33():
     # Both exist at 0.33.0 (ENGINES.md: "very recent vLLM only").
     assert fs.has_flag("vllm", VLLM, "--watermark")

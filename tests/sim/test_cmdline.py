@@ -78,6 +78,16 @@ def test_vllm_throughput_mode_doubles_the_unset_batch_limits():
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(8192\) must be greater than or equal to max_num_seqs"):
         config_from_argv(vllm + ["--max-num-seqs", "10000"])
     assert config_from_argv(vllm + ["--max-num-seqs", "10000", "--performance-mode", "throughput"]).running_limit() == 10000
+    # chunked prefill off: the budget is at least the context length, so 10000 sequences start
+    cfg = config_from_argv(vllm + ["--max-num-seqs", "10000", "--no-enable-chunked-prefill"])
+    assert cfg.max_batched_tokens == cfg.max_model_len == 40960
+    # batched data-parallel MoE: 256 tokens, 256 sequences per rank
+    moe = ["vllm", "serve", "deepseek-ai/DeepSeek-V3", "--tensor-parallel-size", "8", "--data-parallel-size", "2",
+           "--enable-expert-parallel", "--all2all-backend", "deepep_low_latency"]
+    cfg = config_from_argv(moe)
+    assert (cfg.max_batched_tokens, cfg.running_limit()) == (256, 512)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(256\)"):
+        config_from_argv(moe + ["--max-num-seqs", "300"])
 
 
 def test_rendered_api_key_from_env(monkeypatch):

@@ -185,6 +185,28 @@ def test_vllm_throughput_mode_in_extra_args_is_the_engines_batch_limit():
             > pool_capacity(svc(), "decode", 200.0, 100.0).per_replica)
 
 
+def test_vllm_step_budget_follows_the_layout_and_chunked_prefill():
+    """vLLM 0.33.0's unset step budget is 256 with batched data-parallel MoE (deepepMode
+    low_latency, expert parallelism, DP above 1: ParallelConfig.use_batched_dp_moe), which
+    also cuts the unset batch to 256; with chunked prefill turned off it is at least the
+    context length (engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args)."""
+    moe = svc(model={"name": "deepseek-ai/DeepSeek-V3"},
+              decode={"tensorParallelSize": 8, "dataParallelSize": 2, "expertParallel": True,
+                      "deepepMode": "low_latency"}).spec
+    assert pool_step_tokens(moe, "decode") == 256
+    cost = replica_cost_model(moe, "decode")
+    assert cost is not None and pool_max_running(moe, "decode", cost) == 256
+    normal = svc(model={"name": "deepseek-ai/DeepSeek-V3"},
+                 decode={"tensorParallelSize": 8, "dataParallelSize": 2, "expertParallel": True,
+                         "deepepMode": "normal"}).spec
+    assert pool_step_tokens(normal, "decode") == 8192
+    off = svc(prefill={"extraArgs": ["--no-enable-chunked-prefill"]}).spec
+    assert pool_step_tokens(off, "prefill") == shape_for("Qwen/Qwen3-8B").max_model_len
+    assert pool_step_tokens(svc(model={"name": "Qwen/Qwen3-8B", "maxModelLen": 16384},
+                                prefill={"extraArgs": ["--disable-chunked-prefill"]}).spec, "prefill") == 16384
+    assert pool_step_tokens(off, "decode") == 8192
+
+
 def test_the_kv_cache_dtype_of_extra_args_sizes_the_kv_bound():
     """--kv-cache-dtype in extraArgs (the engine's, then the pool's: the last wins): a plain
     FP8 cache holds twice the tokens, so a decode pool bound by its KV cache carries more; a

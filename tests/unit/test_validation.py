@@ -243,3 +243,13 @@ def test_vllm_batch_size_above_the_default_step_budget_needs_the_budget_set():
     validate_service(minimal(decode={"maxRunningRequests": 8192}))
     validate_service(minimal(decode={"maxRunningRequests": 10000, "maxBatchedTokens": 10000}))
     validate_service(minimal("sglang", decode={"maxRunningRequests": 10000}))
+    # other GPUs have other defaults (B200: 16384): not checked there
+    validate_service(minimal(decode={"maxRunningRequests": 10000, "gpuProduct": "NVIDIA-B200"}))
+    assert "spec.decode.maxRunningRequests" in problems(minimal(decode={"maxRunningRequests": 10000,
+                                                                        "gpuProduct": "NVIDIA-H200"}))
+    # batched data-parallel MoE (ParallelConfig.use_batched_dp_moe): 256
+    moe = {"tensorParallelSize": 8, "dataParallelSize": 2, "expertParallel": True, "deepepMode": "low_latency"}
+    ds = {"name": "deepseek-ai/DeepSeek-V3"}
+    validate_service(minimal(model=ds, decode={**moe, "maxRunningRequests": 256}))
+    assert "spec.decode.maxRunningRequests" in problems(minimal(model=ds, decode={**moe, "maxRunningRequests": 257}))
+    validate_service(minimal(model=ds, decode={**moe, "maxRunningRequests": 300, "maxBatchedTokens": 512}))

@@ -11,6 +11,7 @@ accessors such as :meth:`PDInferenceServiceSpec.backend` resolve them on read
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
@@ -31,7 +32,7 @@ from .constants import (
     ROUTER_IMAGE_RECIPE,
     ROUTER_VERSIONS,
 )
-from ..perfmodel.engine_defaults import VLLM_H200_MAX_NUM_BATCHED_TOKENS
+from ..perfmodel.engine_defaults import VLLM_BATCHED_DP_MAX_NUM_BATCHED_TOKENS, VLLM_H200_MAX_NUM_BATCHED_TOKENS
 from .podtemplate import check_pod_template
 from .rules import Rule, cel_list
 
@@ -1135,21 +1136,35 @@ def _dp_attention_rule(pool: str) -> Rule:
 
 def _vllm_default_step_tokens_rule(pool: str) -> Rule:
     p = f"self.{pool}"
-    budget = VLLM_H200_MAX_NUM_BATCHED_TOKENS
+    budget, batched = VLLM_H200_MAX_NUM_BATCHED_TOKENS, VLLM_BATCHED_DP_MAX_NUM_BATCHED_TOKENS
+    tier = "H100|H200|H20"  # the GPUs of vLLM's 70-160 GiB tier (and the cost model's)
+
+    def ok(s) -> bool:
+        q = getattr(s, pool)
+        if s.engine.kind != "vllm" or q.max_batched_tokens is not None or q.max_running_requests is None:
+            return True
+        if q.gpu_product is not None and not re.search(f"(?i){tier}", q.gpu_product):
+            return True
+        low = q.deepep_mode == "low_latency" and q.expert_parallel and q.data_parallel_size > 1
+        return q.max_running_requests <= (batched if low else budget)
+
     return Rule(
         # vLLM 0.33.0: an unset --max-num-batched-tokens defaults to 8192 on H100/H200
-        # (engine/arg_utils.py get_batch_defaults), only lowered to fit --max-num-seqs
+        # (engine/arg_utils.py get_batch_defaults), 256 with batched data-parallel MoE
+        # (ParallelConfig.use_batched_dp_moe), raised only with chunked prefill off
         # (_set_default_max_num_seqs_and_batched_tokens_args), and the scheduler refuses a budget
         # under --max-num-seqs (config/scheduler.py SchedulerConfig.verify_max_model_len)
         cel=f"self.engine.kind != 'vllm' || has({p}.maxBatchedTokens) || !has({p}.maxRunningRequests) || "
-        f"{p}.maxRunningRequests <= {budget}",
-        message=f"{pool}.maxRunningRequests above {budget} needs {pool}.maxBatchedTokens with vLLM: its default step "
-        f"budget on an H100/H200 is {budget} tokens (16384 under --performance-mode throughput or on a B200, 2048 on "
-        "GPUs under 70 GiB) and it refuses to start with fewer than --max-num-seqs (\"max_num_batched_tokens must be "
-        f"greater than or equal to max_num_seqs\"): set {pool}.maxBatchedTokens to at least {pool}.maxRunningRequests, "
-        f"or lower {pool}.maxRunningRequests",
-        check=lambda s: s.engine.kind != "vllm" or getattr(s, pool).max_batched_tokens is not None
-        or getattr(s, pool).max_running_requests is None or getattr(s, pool).max_running_requests <= budget,
+        f"(has({p}.gpuProduct) && !{p}.gpuProduct.matches('(?i){tier}')) || "
+        f"{p}.maxRunningRequests <= ((has({p}.deepepMode) && {p}.deepepMode == 'low_latency' && "
+        f"has({p}.expertParallel) && {p}.expertParallel && has({p}.dataParallelSize) && {p}.dataParallelSize > 1)"
+        f" ? {batched} : {budget})",
+        message=f"{pool}.maxRunningRequests above vLLM's default step budget needs {pool}.maxBatchedTokens: on an "
+        f"H100/H200 the budget is {budget} tokens ({batched} with deepepMode low_latency, expertParallel and "
+        "dataParallelSize above 1; doubled under --performance-mode throughput) and vLLM refuses to start with fewer "
+        "than --max-num-seqs (\"max_num_batched_tokens must be greater than or equal to max_num_seqs\"): set "
+        f"{pool}.maxBatchedTokens to at least {pool}.maxRunningRequests, or lower {pool}.maxRunningRequests",
+        check=ok,
         field_path=f".{pool}.maxRunningRequests",
     )
 

@@ -202,14 +202,14 @@ def pool_max_running(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -
         return pool.max_running_requests
     kv = cost.kv_capacity_tokens(_memory_fraction(pool)) // max(cost.dp, 1)  # SGLang: per attention-DP worker
     return default_max_running(spec.engine.kind, kv, spec.model.max_model_len or cost.shape.max_model_len,
-                               pool.max_batched_tokens, vllm_performance_mode(spec, role))
+                               pool_step_tokens(spec, role), vllm_performance_mode(spec, role))
 
 
 def user_engine_flag(spec: PDInferenceServiceSpec, role: str, flag: str) -> str | None:
     """A flag of the pool's engine as its parser reads it from ``spec.engine.extraArgs`` then
     the pool's (rendered in that order: the last wins); None when unset."""
     args = list(spec.engine.extra_args) + list(spec.pool(role).extra_args)
-    if not any(a.split("=", 1)[0].replace("_", "-") == flag for a in args):
+    if not args:
         return None
     from ..render.args import user_flag_value
 
@@ -242,11 +242,24 @@ def pool_shape(spec: PDInferenceServiceSpec, role: str):
 
 def pool_step_tokens(spec: PDInferenceServiceSpec, role: str) -> int:
     """The pool's step token budget (chunked prefill): ``maxBatchedTokens`` when set, else the
-    engine's default on the H200 (vLLM: 8192, doubled under ``--performance-mode throughput``)."""
+    engine's default on the H200 (vLLM: :func:`~pd_operator.perfmodel.engine_defaults.vllm_step_tokens`
+    from the layout and the user flags it depends on)."""
     pool = spec.pool(role)
-    if spec.engine.kind == "vllm":
-        return vllm_step_tokens(pool.max_batched_tokens, vllm_performance_mode(spec, role))
-    return pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    if spec.engine.kind != "vllm":
+        return pool.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    chunked = user_engine_flag(spec, role, "--enable-chunked-prefill")
+    max_len = spec.model.max_model_len
+    if chunked is False and max_len is None:
+        shape = pool_shape(spec, role)
+        max_len = shape.max_model_len if shape is not None else None
+    return vllm_step_tokens(pool.max_batched_tokens, vllm_performance_mode(spec, role),
+                            batched_dp_moe=vllm_batched_dp_moe(pool), chunked_prefill=chunked, max_model_len=max_len)
+
+
+def vllm_batched_dp_moe(pool: PoolSpec) -> bool:
+    """vLLM's ``ParallelConfig.use_batched_dp_moe`` for the pool as rendered: deepepMode
+    low_latency (--all2all-backend deepep_low_latency) with expert and data parallelism."""
+    return pool.deepep_mode == "low_latency" and pool.expert_parallel and pool.data_parallel_size > 1
 
 
 def _memory_fraction(pool: PoolSpec) -> float:

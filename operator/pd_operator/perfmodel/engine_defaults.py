@@ -25,24 +25,39 @@ from __future__ import annotations
 VLLM_H200_MAX_NUM_SEQS = 1024          # the API server's default on H100/H200
 VLLM_H200_MAX_NUM_BATCHED_TOKENS = 8192
 VLLM_THROUGHPUT_MODE_FACTOR = 2        # --performance-mode throughput, on each unset limit
+# the unset budget with batched data-parallel MoE (--all2all-backend deepep_low_latency with
+# expert parallelism and data parallelism above 1): config/scheduler.py
+# SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP, set by arg_utils.py where
+# ParallelConfig.use_batched_dp_moe
+VLLM_BATCHED_DP_MAX_NUM_BATCHED_TOKENS = 256
 
 
 def _vllm_mode_factor(performance_mode: str | None) -> int:
     return VLLM_THROUGHPUT_MODE_FACTOR if performance_mode == "throughput" else 1
 
 
-def vllm_step_tokens(max_batched_tokens: int | None, performance_mode: str | None = None) -> int:
+def vllm_step_tokens(max_batched_tokens: int | None, performance_mode: str | None = None, *,
+                     batched_dp_moe: bool = False, chunked_prefill: bool | None = None,
+                     max_model_len: int | None = None) -> int:
     """vLLM's step token budget on an H200: ``--max-num-batched-tokens`` when rendered, else
-    its default under ``--performance-mode`` (None: not on the command line, "balanced")."""
+    its default (``_set_default_max_num_seqs_and_batched_tokens_args``): 8192, or 256 with
+    batched data-parallel MoE; doubled under ``--performance-mode throughput`` (None: not on
+    the command line, "balanced"); at least ``max_model_len`` with chunked prefill turned off
+    (``--no-enable-chunked-prefill``; None: the default, on)."""
     if max_batched_tokens is not None:
         return max_batched_tokens
-    return VLLM_H200_MAX_NUM_BATCHED_TOKENS * _vllm_mode_factor(performance_mode)
+    base = VLLM_BATCHED_DP_MAX_NUM_BATCHED_TOKENS if batched_dp_moe else VLLM_H200_MAX_NUM_BATCHED_TOKENS
+    tokens = base * _vllm_mode_factor(performance_mode)
+    if chunked_prefill is False and max_model_len:
+        tokens = max(max_model_len, tokens)
+    return tokens
 
 
 def default_max_running(engine: str, kv_tokens_per_worker: int, context_len: int,
                         max_batched_tokens: int | None = None, performance_mode: str | None = None) -> int:
     """The engine's own batch limit (requests) on an H200 when the command line sets none;
-    ``max_batched_tokens``: the step token budget rendered (vLLM caps an unset limit at it);
+    ``max_batched_tokens``: the engine's step token budget (:func:`vllm_step_tokens`; vLLM
+    caps an unset limit at it);
     ``performance_mode``: vLLM's ``--performance-mode`` (throughput doubles the unset limits)."""
     if engine == "vllm":
         seqs = VLLM_H200_MAX_NUM_SEQS * _vllm_mode_factor(performance_mode)

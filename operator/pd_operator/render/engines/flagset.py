@@ -427,6 +427,20 @@ def _add_action(target: Any, component: str, version: str, entry: dict[str, Any]
             kwargs["nargs"] = entry["nargs"]
         target.add_argument(entry["dest"], **kwargs)
         return
+    if kind == "boolean_optional":
+        # argparse.BooleanOptionalAction: --no-X stores False; vLLM's EnableDisableAction
+        # (vllm/utils/argparse_utils.py) also --disable-X for --enable-X and the reverse
+        first = entry["option_strings"][0]
+        negative = {"--no-" + first[2:]}
+        if entry.get("action_class", "").endswith("EnableDisableAction"):
+            negative |= {to + first[len(fr):] for fr, to in (("--enable-", "--disable-"), ("--disable-", "--enable-"))
+                         if first.startswith(fr)}
+        neg = [n for n in names if n in negative or n.startswith("--no-")]
+        pos = [n for n in names if n not in neg]
+        target.add_argument(*pos, dest=entry["dest"], action="store_const", const=True, default=None)
+        if neg:
+            target.add_argument(*neg, dest=entry["dest"], action="store_const", const=False, default=None)
+        return
     if kind in _ZERO_ARG_KINDS or not entry.get("takes_value", True):
         target.add_argument(*names, dest=entry["dest"], action="store_const", const=True, default=None,
                             required=entry.get("required", False))

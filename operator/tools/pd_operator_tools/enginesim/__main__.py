@@ -197,11 +197,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         keys = list(ns.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else []))
         max_seqs = ns.max_num_seqs  # None: the engine's default (SimConfig.running_limit)
         performance_mode = ns.performance_mode or "balanced"
-        max_tokens = vllm_step_tokens(ns.max_num_batched_tokens, performance_mode)
-        if max_seqs is not None and max_tokens < max_seqs:
-            # vllm/config/scheduler.py SchedulerConfig.verify_max_model_len (from __post_init__)
-            raise ValueError(f"max_num_batched_tokens ({max_tokens}) must be greater than or equal to "
-                             f"max_num_seqs ({max_seqs}).")
+        max_tokens = None  # below, once the model's context length is known
         mem = ns.gpu_memory_utilization or 0.92
         max_len = ns.max_model_len if ns.max_model_len and ns.max_model_len > 0 else None
         bootstrap = None
@@ -250,6 +246,17 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
                          f"for {shape.name} (it models the model's own dtype and the plain FP8 formats)")
     if kv_bytes != model_bytes:
         shape = replace(shape, kv_dtype_bytes=kv_bytes)
+    if flavor == "vllm":
+        max_tokens = vllm_step_tokens(
+            ns.max_num_batched_tokens, performance_mode, chunked_prefill=ns.enable_chunked_prefill,
+            max_model_len=max_len or shape.max_model_len,
+            # ParallelConfig.use_batched_dp_moe
+            batched_dp_moe=(ns.all2all_backend in ("deepep_low_latency", "nixl_ep")
+                            and bool(getattr(ns, "enable_expert_parallel", False)) and dp > 1))
+        if max_seqs is not None and max_tokens < max_seqs:
+            # vllm/config/scheduler.py SchedulerConfig.verify_max_model_len (from __post_init__)
+            raise ValueError(f"max_num_batched_tokens ({max_tokens}) must be greater than or equal to "
+                             f"max_num_seqs ({max_seqs}).")
     link = LINKS[opts.kv_link]
     if opts.kv_gbps is not None or opts.kv_fixed_ms is not None:
         link = Link(f"{link.name}*", opts.kv_gbps or link.gbytes_per_s,
