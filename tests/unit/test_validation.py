@@ -253,3 +253,28 @@ def test_vllm_batch_size_above_the_default_step_budget_needs_the_budget_set():
     validate_service(minimal(model=ds, decode={**moe, "maxRunningRequests": 256}))
     assert "spec.decode.maxRunningRequests" in problems(minimal(model=ds, decode={**moe, "maxRunningRequests": 257}))
     validate_service(minimal(model=ds, decode={**moe, "maxRunningRequests": 300, "maxBatchedTokens": 512}))
+
+
+def test_vllm_pools_with_kv_caches_nixl_cannot_match_are_refused():
+    """vLLM 0.33.0's NIXL handshake hashes the string of cache_config.cache_dtype
+    (kv_connector/v1/nixl/metadata.py compute_nixl_compatibility_hash) and refuses every
+    transfer on a mismatch (nixl/base_worker.py): prefill and decode with different
+    --kv-cache-dtype are refused when rendered, naming the pool's field. "auto" resolves
+    from the checkpoint only (utils/torch_utils.py resolve_kv_cache_dtype_string), so
+    "auto" against an FP8 name may match and is let through."""
+    from pd_operator.render import render
+
+    def rendered(prefill, decode, **spec):
+        render(validate_service(minimal(prefill={"extraArgs": prefill}, decode={"extraArgs": decode}, **spec)))
+
+    with pytest.raises(SpecError) as info:
+        rendered([], ["--kv-cache-dtype", "bfloat16"])
+    assert "NIXL" in dict(info.value.problems)["spec.decode.extraArgs"]
+    with pytest.raises(SpecError) as info:
+        rendered(["--kv-cache-dtype=fp8_e5m2"], [], engine={"kind": "vllm", "extraArgs": ["--kv-cache-dtype", "fp8"]})
+    assert "spec.prefill.extraArgs" in dict(info.value.problems)
+    rendered(["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8"])
+    rendered([], ["--kv-cache-dtype", "fp8"])
+    rendered([], [], engine={"kind": "vllm", "extraArgs": ["--kv-cache-dtype", "fp8_e4m3"]})
+    # SGLang's transfer does not compare them
+    render(validate_service(minimal("sglang", decode={"extraArgs": ["--kv-cache-dtype", "fp8_e5m2"]})))

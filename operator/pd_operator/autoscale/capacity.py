@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
 from ..perfmodel.costmodel import CostModel, shape_for
 from ..perfmodel.engine_defaults import default_max_running, kv_element_bytes, vllm_step_tokens
+from ..render.args import user_engine_flag
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
 DEFAULT_MAX_BATCHED_TOKENS = 8192  # the engines' step token budget when the pool sets none
@@ -203,20 +204,6 @@ def pool_max_running(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -
     kv = cost.kv_capacity_tokens(_memory_fraction(pool)) // max(cost.dp, 1)  # SGLang: per attention-DP worker
     return default_max_running(spec.engine.kind, kv, spec.model.max_model_len or cost.shape.max_model_len,
                                pool_step_tokens(spec, role), vllm_performance_mode(spec, role))
-
-
-def user_engine_flag(spec: PDInferenceServiceSpec, role: str, flag: str) -> str | None:
-    """A flag of the pool's engine as its parser reads it from ``spec.engine.extraArgs`` then
-    the pool's (rendered in that order: the last wins); None when unset."""
-    args = list(spec.engine.extra_args) + list(spec.pool(role).extra_args)
-    if not args:
-        return None
-    from ..render.args import user_flag_value
-
-    base = (["vllm", "serve", "model"] if spec.engine.kind == "vllm"
-            else ["python3", "-m", "sglang.launch_server", "--model-path", "model"])
-    return user_flag_value(spec.engine.kind, spec.engine.effective_version(), base, args,
-                           flag.lstrip("-").replace("-", "_"))
 
 
 def vllm_performance_mode(spec: PDInferenceServiceSpec, role: str) -> str | None:

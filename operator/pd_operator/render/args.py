@@ -89,3 +89,15 @@ def user_flag_value(component: str, version: str, base_argv: list[str], args: li
     ``base_argv`` as :func:`check_user_args` does; the last of repeated flags wins);
     None when unset or when the flags are refused (reported by :func:`check_user_args`)."""
     return _parsed_value(component, version, tuple(base_argv) + tuple(args), dest)
+
+
+def user_engine_flag(spec, role: str, flag: str):
+    """A flag of the pool's engine as its parser reads it from ``spec.engine.extraArgs`` then
+    the pool's (rendered in that order: the last wins); None when unset."""
+    args = list(spec.engine.extra_args) + list(spec.pool(role).extra_args)
+    if not args:
+        return None
+    base = (["vllm", "serve", "model"] if spec.engine.kind == "vllm"
+            else ["python3", "-m", "sglang.launch_server", "--model-path", "model"])
+    return user_flag_value(spec.engine.kind, spec.engine.effective_version(), base, args,
+                           flag.lstrip("-").replace("-", "_"))

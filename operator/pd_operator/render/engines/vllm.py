@@ -76,6 +76,33 @@ class VLLMAdapter(EngineAdapter):
         }
     )
 
+    def check_extra_args(self) -> None:
+        """Also: prefill and decode must hold their KV caches in the same ``--kv-cache-dtype``
+        where NIXL carries the KV (nixl, lmcache). Its handshake compares a hash over the
+        string of ``cache_config.cache_dtype`` (kv_connector/v1/nixl/metadata.py
+        compute_nixl_compatibility_hash; "auto" is resolved only from a checkpoint's KV
+        quantization config, utils/torch_utils.py resolve_kv_cache_dtype_string) and refuses
+        every transfer on a mismatch (nixl/base_worker.py). "auto" against an FP8 name is let
+        through: the checkpoint may name that FP8 format."""
+        from ...api.errors import SpecError
+        from ...perfmodel.engine_defaults import ONE_BYTE_KV
+        from ..args import user_engine_flag
+
+        super().check_extra_args()
+        if self.spec.backend() not in ("nixl", "lmcache"):
+            return
+        dtype = {role: user_engine_flag(self.spec, role, "--kv-cache-dtype") or "auto" for role in ("prefill", "decode")}
+        p, d = dtype["prefill"], dtype["decode"]
+        if p == d or ("auto" in (p, d) and ({p, d} - {"auto"}) <= ONE_BYTE_KV["vllm"]):
+            return
+        field = next((f"spec.{role}.extraArgs" for role in ("decode", "prefill")
+                      if any(a.split("=", 1)[0].replace("_", "-") == "--kv-cache-dtype"
+                             for a in self.spec.pool(role).extra_args)), "spec.engine.extraArgs")
+        raise SpecError([(field, f"--kv-cache-dtype is {p!r} on prefill and {d!r} on decode: vLLM's NIXL handshake "
+                                 "compares the two and refuses every KV transfer when they differ (\"NIXL compatibility "
+                                 "hash mismatch\"); set the same value for both pools, e.g. once in spec.engine.extraArgs")],
+                        self.svc.metadata.name)
+
     def kv_transfer_config(self, role: str) -> dict:
         backend = self.spec.backend()
         kvt = self.spec.kv_transfer

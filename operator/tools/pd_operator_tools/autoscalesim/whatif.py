@@ -35,7 +35,8 @@ from pd_operator.api import SpecError, validate_service
 from pd_operator.api.constants import ROLES
 from pd_operator.api.models import PDInferenceService, duration_seconds
 from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, pool_cost_model,
-                                            pool_max_running, pool_shape, pool_step_tokens, user_engine_flag)
+                                            pool_max_running, pool_shape, pool_step_tokens)
+from pd_operator.render.args import user_engine_flag
 from pd_operator.perfmodel.costmodel import MODELS, CostModel, shape_for
 from .policies import PdOperator
 from .reference import SCRAPE, START_DELAY
