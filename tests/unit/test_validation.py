@@ -253,6 +253,10 @@ def test_vllm_batch_size_above_the_default_step_budget_needs_the_budget_set():
     validate_service(minimal(model=ds, decode={**moe, "maxRunningRequests": 256}))
     assert "spec.decode.maxRunningRequests" in problems(minimal(model=ds, decode={**moe, "maxRunningRequests": 257}))
     validate_service(minimal(model=ds, decode={**moe, "maxRunningRequests": 300, "maxBatchedTokens": 512}))
+    # ... on any GPU (ahead of the GPU's table in arg_utils.py); a MIG slice is not in the H100/H200 tier
+    assert "spec.decode.maxRunningRequests" in problems(minimal(model=ds, decode={**moe, "maxRunningRequests": 512,
+                                                                                  "gpuProduct": "NVIDIA-B200"}))
+    validate_service(minimal(decode={"maxRunningRequests": 10000, "gpuProduct": "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb"}))
 
 
 def test_vllm_pools_with_kv_caches_nixl_cannot_match_are_refused():

@@ -1137,28 +1137,31 @@ def _dp_attention_rule(pool: str) -> Rule:
 def _vllm_default_step_tokens_rule(pool: str) -> Rule:
     p = f"self.{pool}"
     budget, batched = VLLM_H200_MAX_NUM_BATCHED_TOKENS, VLLM_BATCHED_DP_MAX_NUM_BATCHED_TOKENS
-    tier = "H100|H200|H20"  # the GPUs of vLLM's 70-160 GiB tier (and the cost model's)
+    tier = "H100|H200|H20"  # the GPUs of vLLM's 70-160 GiB tier (and the cost model's); not a MIG slice of them
 
     def ok(s) -> bool:
         q = getattr(s, pool)
         if s.engine.kind != "vllm" or q.max_batched_tokens is not None or q.max_running_requests is None:
             return True
-        if q.gpu_product is not None and not re.search(f"(?i){tier}", q.gpu_product):
+        if q.deepep_mode == "low_latency" and q.expert_parallel and q.data_parallel_size > 1:
+            return q.max_running_requests <= batched  # on every GPU
+        if q.gpu_product is not None and (not re.search(f"(?i){tier}", q.gpu_product)
+                                          or re.search("(?i)MIG", q.gpu_product)):
             return True
-        low = q.deepep_mode == "low_latency" and q.expert_parallel and q.data_parallel_size > 1
-        return q.max_running_requests <= (batched if low else budget)
+        return q.max_running_requests <= budget
 
     return Rule(
         # vLLM 0.33.0: an unset --max-num-batched-tokens defaults to 8192 on H100/H200
-        # (engine/arg_utils.py get_batch_defaults), 256 with batched data-parallel MoE
-        # (ParallelConfig.use_batched_dp_moe), raised only with chunked prefill off
+        # (engine/arg_utils.py get_batch_defaults), 256 with batched data-parallel MoE on any GPU
+        # (ParallelConfig.use_batched_dp_moe, ahead of the GPU's table), raised only with chunked prefill off
         # (_set_default_max_num_seqs_and_batched_tokens_args), and the scheduler refuses a budget
         # under --max-num-seqs (config/scheduler.py SchedulerConfig.verify_max_model_len)
         cel=f"self.engine.kind != 'vllm' || has({p}.maxBatchedTokens) || !has({p}.maxRunningRequests) || "
-        f"(has({p}.gpuProduct) && !{p}.gpuProduct.matches('(?i){tier}')) || "
-        f"{p}.maxRunningRequests <= ((has({p}.deepepMode) && {p}.deepepMode == 'low_latency' && "
-        f"has({p}.expertParallel) && {p}.expertParallel && has({p}.dataParallelSize) && {p}.dataParallelSize > 1)"
-        f" ? {batched} : {budget})",
+        f"((has({p}.deepepMode) && {p}.deepepMode == 'low_latency' && has({p}.expertParallel) && "
+        f"{p}.expertParallel && has({p}.dataParallelSize) && {p}.dataParallelSize > 1) ? "
+        f"{p}.maxRunningRequests <= {batched} : "
+        f"((has({p}.gpuProduct) && (!{p}.gpuProduct.matches('(?i){tier}') || {p}.gpuProduct.matches('(?i)MIG'))) || "
+        f"{p}.maxRunningRequests <= {budget}))",
         message=f"{pool}.maxRunningRequests above vLLM's default step budget needs {pool}.maxBatchedTokens: on an "
         f"H100/H200 the budget is {budget} tokens ({batched} with deepepMode low_latency, expertParallel and "
         "dataParallelSize above 1; doubled under --performance-mode throughput) and vLLM refuses to start with fewer "
