@@ -101,3 +101,8 @@ def user_engine_flag(spec, role: str, flag: str):
             else ["python3", "-m", "sglang.launch_server", "--model-path", "model"])
     return user_flag_value(spec.engine.kind, spec.engine.effective_version(), base, args,
                            flag.lstrip("-").replace("-", "_"))
+
+
+def sets_flag(args: list[str], flag: str) -> bool:
+    """Whether ``args`` name ``flag`` (``--flag``, ``--flag=value``, or vLLM's ``--flag_name``)."""
+    return any(a.split("=", 1)[0].replace("_", "-") == flag for a in args)

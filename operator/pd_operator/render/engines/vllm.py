@@ -86,7 +86,7 @@ class VLLMAdapter(EngineAdapter):
         through: the checkpoint may name that FP8 format."""
         from ...api.errors import SpecError
         from ...perfmodel.engine_defaults import ONE_BYTE_KV
-        from ..args import user_engine_flag
+        from ..args import sets_flag, user_engine_flag
 
         super().check_extra_args()
         if self.spec.backend() not in ("nixl", "lmcache"):
@@ -96,8 +96,7 @@ class VLLMAdapter(EngineAdapter):
         if p == d or ("auto" in (p, d) and ({p, d} - {"auto"}) <= ONE_BYTE_KV["vllm"]):
             return
         field = next((f"spec.{role}.extraArgs" for role in ("decode", "prefill")
-                      if any(a.split("=", 1)[0].replace("_", "-") == "--kv-cache-dtype"
-                             for a in self.spec.pool(role).extra_args)), "spec.engine.extraArgs")
+                      if sets_flag(self.spec.pool(role).extra_args, "--kv-cache-dtype")), "spec.engine.extraArgs")
         raise SpecError([(field, f"--kv-cache-dtype is {p!r} on prefill and {d!r} on decode: vLLM's NIXL handshake "
                                  "compares the two and refuses every KV transfer when they differ (\"NIXL compatibility "
                                  "hash mismatch\"); set the same value for both pools, e.g. once in spec.engine.extraArgs")],

@@ -36,7 +36,7 @@ from pd_operator.api.constants import ROLES
 from pd_operator.api.models import PDInferenceService, duration_seconds
 from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, pool_cost_model,
                                             pool_max_running, pool_shape, pool_step_tokens)
-from pd_operator.render.args import user_engine_flag
+from pd_operator.render.args import sets_flag, user_engine_flag
 from pd_operator.perfmodel.costmodel import MODELS, CostModel, shape_for
 from .policies import PdOperator
 from .reference import SCRAPE, START_DELAY
@@ -96,9 +96,9 @@ def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
     for role in ROLES:
         pool, at = svc.spec.pool(role), f"spec.{role}"
         if pool_shape(spec, role) is None:
-            mine = any(a.split("=", 1)[0].replace("_", "-") == "--kv-cache-dtype" for a in pool.extra_args)
             dtype = user_engine_flag(spec, role, "--kv-cache-dtype")
-            out.append((f"{at}.extraArgs" if mine else "spec.engine.extraArgs",
+            field = f"{at}.extraArgs" if sets_flag(pool.extra_args, "--kv-cache-dtype") else "spec.engine.extraArgs"
+            out.append((field,
                         f"the cost model does not model the KV cache of --kv-cache-dtype {dtype!r} for this "
                         "model (it models the model's own dtype and the plain FP8 formats)"))
             continue
