@@ -46,6 +46,25 @@ def test_an_unset_batch_limit_is_the_engines_own_default():
     assert config_from_argv(sgl + ["--max-running-requests", "64"]).running_limit() == 64
 
 
+def test_the_kv_cache_is_sized_by_the_engines_flags():
+    """vLLM --kv-cache-memory-bytes: that much KV memory on each GPU (human_readable_int: G is
+    2^30, g 10^9); SGLang --max-total-tokens: a cap on the pool, never a raise (tests/contract/
+    FACTS.md, "KV cache size"). --num-gpu-blocks-override counts blocks of the attention
+    backend's size: refused, not run as the default."""
+    vllm = ["vllm", "serve", "Qwen/Qwen3-8B"]
+    per_token = config_from_argv(vllm).shape.kv_bytes_per_token
+    assert config_from_argv(vllm + ["--kv-cache-memory-bytes", "20G"]).kv_tokens() == 20 * 2 ** 30 // per_token
+    assert config_from_argv(vllm + ["--kv-cache-memory-bytes", "20g", "--tensor-parallel-size", "2"]).kv_tokens() == (
+        2 * 20 * 10 ** 9 // per_token)
+    with pytest.raises(ValueError, match="--num-gpu-blocks-override"):
+        config_from_argv(vllm + ["--num-gpu-blocks-override", "4096"])
+    sgl = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B"]
+    plain = config_from_argv(sgl)
+    capped = config_from_argv(sgl + ["--max-total-tokens", "100k"])
+    assert capped.kv_tokens() == 100_000 and capped.running_limit() < plain.running_limit()
+    assert config_from_argv(sgl + ["--max-total-tokens", "100M"]).kv_tokens() == plain.kv_tokens()
+
+
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_a_layout_not_modelled_is_refused():
     """--kv-cache-dtype fp8 (vLLM) / fp8_e5m2 (SGLang) stores K and V in one byte per element
     (tests/contract/FACTS.md, "KV cache dtype"): twice the tokens in the same memory, half the

@@ -11,6 +11,7 @@ from pd_operator.autoscale.capacity import (
     decode_tokens_per_s,
     estimate_capacity,
     pool_capacity,
+    pool_kv_tokens,
     pool_max_running,
     pool_step_tokens,
     prefill_tokens_per_s,
@@ -279,3 +280,32 @@ def test_an_output_spread_read_below_the_mean_is_taken_at_the_mean():
     long_isl = 30000.0
     read = estimate_capacity(svc(), "decode", long_isl, osl, osl_bias=bias)
     assert read == estimate_capacity(svc(), "decode", long_isl, osl, osl_bias=osl)     # at the mean instead
+
+
+def test_the_kv_cache_size_flags_of_extra_args_size_the_kv_bound():
+    """vLLM's --kv-cache-memory-bytes is the KV memory of each GPU (in place of what
+    gpuMemoryUtilization leaves), SGLang's --max-total-tokens caps each worker's pool, never
+    raising it (tests/contract/FACTS.md, "KV cache size"); vLLM's --num-gpu-blocks-override
+    counts blocks of the attention backend's size, which the cost model does not know: no
+    estimate rather than the one of the memory it no longer uses."""
+    shape = replica_cost_model(svc().spec, "decode").shape
+    small = svc(decode={"extraArgs": ["--kv-cache-memory-bytes", "20G"]})  # vLLM: G is 2^30
+    cost = replica_cost_model(small.spec, "decode")
+    assert pool_kv_tokens(small.spec, "decode", cost) == 20 * 2 ** 30 // shape.kv_bytes_per_token
+    tp2 = svc(decode={"tensorParallelSize": 2, "extraArgs": ["--kv-cache-memory-bytes", "20G"]})
+    assert pool_kv_tokens(tp2.spec, "decode", replica_cost_model(tp2.spec, "decode")) == 2 * 20 * 2 ** 30 // shape.kv_bytes_per_token
+    # long contexts: the KV cache bounds the batch, and 20 GiB holds fewer streams than the default
+    assert (pool_capacity(small, "decode", 4000.0, 2000.0).per_replica
+            < 0.8 * pool_capacity(svc(), "decode", 4000.0, 2000.0).per_replica)
+    # the prefill pool's KV is its own
+    assert pool_kv_tokens(small.spec, "prefill", cost) == pool_kv_tokens(svc().spec, "prefill", cost)
+    assert pool_capacity(svc(decode={"extraArgs": ["--num-gpu-blocks-override", "4096"]}), "decode", ISL, OSL) is None
+    sgl = svc("sglang").spec
+    plain = pool_kv_tokens(sgl, "decode", replica_cost_model(sgl, "decode"))
+    capped = svc("sglang", decode={"extraArgs": ["--max-total-tokens", "100k"]}).spec
+    assert pool_kv_tokens(capped, "decode", replica_cost_model(capped, "decode")) == 100_000
+    # unset, SGLang's batch limit comes from its KV pool (engine_defaults.default_max_running)
+    assert pool_max_running(capped, "decode", replica_cost_model(capped, "decode")) < pool_max_running(
+        sgl, "decode", replica_cost_model(sgl, "decode"))
+    above = svc("sglang", decode={"extraArgs": ["--max-total-tokens", "100M"]}).spec
+    assert pool_kv_tokens(above, "decode", replica_cost_model(above, "decode")) == plain

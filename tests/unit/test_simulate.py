@@ -182,6 +182,13 @@ def test_what_the_cost_model_cannot_run_is_refused(tmp_path, capsys):
     code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", nvfp4), *WINDOW)
     assert code == 1 and "spec.decode.extraArgs" in err and "nvfp4" in err and "spec.prefill" not in err
 
+    def kv_memory(spec):
+        spec["decode"].setdefault("extraArgs", []).extend(["--kv-cache-memory-bytes", "20G"])
+
+    # the simulated fleet sizes the KV cache from gpuMemoryUtilization only: refused, not run as the default
+    code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", kv_memory), *WINDOW)
+    assert code == 1 and "spec.decode.extraArgs" in err and "--kv-cache-memory-bytes" in err and "spec.prefill" not in err
+
 
 def test_unreadable_inputs_exit_2(tmp_path, capsys):
     path = _spec(tmp_path, "current")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
 from ..perfmodel.costmodel import CostModel, shape_for
-from ..perfmodel.engine_defaults import default_max_running, kv_element_bytes, vllm_step_tokens
+from ..perfmodel.engine_defaults import default_max_running, kv_element_bytes, kv_tokens, vllm_step_tokens
 from ..render.args import user_engine_flag
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
@@ -176,7 +176,24 @@ def replica_cost_model(spec: PDInferenceServiceSpec, role: str) -> CostModel | N
     if shape is None:
         return None
     cost, _ = pool_cost_model(shape, spec.engine.kind, pool)
-    return cost if cost.kv_capacity_tokens(_memory_fraction(pool)) > 0 else None
+    kv = pool_kv_tokens(spec, role, cost)
+    return cost if kv is not None and kv > 0 else None
+
+
+def pool_kv_tokens(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -> int | None:
+    """KV tokens of one engine rank of the pool (``cost``: :func:`pool_cost_model`): the cost
+    model's at the pool's gpuMemoryUtilization, or as the KV flags of extraArgs size it
+    (perfmodel.engine_defaults.kv_tokens: vLLM --kv-cache-memory-bytes, SGLang
+    --max-total-tokens). None under vLLM's --num-gpu-blocks-override: blocks of the attention
+    backend's size, which the cost model does not know."""
+    engine = spec.engine.kind
+    if engine == "vllm":
+        if user_engine_flag(spec, role, "--num-gpu-blocks-override") is not None:
+            return None
+        return kv_tokens(cost, engine, _memory_fraction(spec.pool(role)),
+                         kv_cache_memory_bytes=user_engine_flag(spec, role, "--kv-cache-memory-bytes"))
+    return kv_tokens(cost, engine, _memory_fraction(spec.pool(role)),
+                     max_total_tokens=user_engine_flag(spec, role, "--max-total-tokens"))
 
 
 def pool_cost_model(shape, engine: str, pool: PoolSpec) -> tuple[CostModel, int]:
@@ -201,7 +218,7 @@ def pool_max_running(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -
     pool = spec.pool(role)
     if pool.max_running_requests is not None:
         return pool.max_running_requests
-    kv = cost.kv_capacity_tokens(_memory_fraction(pool)) // max(cost.dp, 1)  # SGLang: per attention-DP worker
+    kv = (pool_kv_tokens(spec, role, cost) or 0) // max(cost.dp, 1)  # SGLang: per attention-DP worker
     return default_max_running(spec.engine.kind, kv, spec.model.max_model_len or cost.shape.max_model_len,
                                pool_step_tokens(spec, role), vllm_performance_mode(spec, role))
 
@@ -275,7 +292,7 @@ def _cost_model_capacity(spec: PDInferenceServiceSpec, role: str, mean_isl: floa
         ctx = _context(mean_isl, mean_osl, osl_bias)
         # the batch is capped by the engine's limit and by the KV cache at the mean context
         slots = pool_max_running(spec, role, cost)
-        seqs = min(slots, int(cost.kv_capacity_tokens(_memory_fraction(pool)) // ctx))
+        seqs = min(slots, int((pool_kv_tokens(spec, role, cost) or 0) // ctx))
         if seqs < 1:
             return None
         itl = duration_seconds(pool.autoscaling.target.value)

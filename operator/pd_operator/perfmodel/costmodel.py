@@ -387,15 +387,18 @@ class CostModel:
     def kv_bytes(self, tokens: int) -> float:
         return tokens * self.shape.kv_bytes_per_token
 
-    def kv_capacity_tokens(self, mem_fraction: float = 1.0) -> int:
-        """KV tokens that fit on the TP group after the weights (~900k for the 8B shape, TP 1)."""
+    def kv_capacity_tokens(self, mem_fraction: float = 1.0, kv_bytes_per_gpu: float | None = None) -> int:
+        """KV tokens that fit on the TP group after the weights (~900k for the 8B shape, TP 1);
+        with ``kv_bytes_per_gpu``, in that much KV memory on each GPU instead."""
         if self.shape.mla or self.shape.moe or self.dp > 1:
             # per attention rank: its GPUs' memory after their weights; an MLA latent is
             # replicated over the rank's attention TP, so the rank holds one copy per GPU
-            free_gpu = self.gpu_usable_bytes * mem_fraction - self.weight_bytes_per_gpu()
+            free_gpu = (self.gpu_usable_bytes * mem_fraction - self.weight_bytes_per_gpu()
+                        if kv_bytes_per_gpu is None else kv_bytes_per_gpu)
             per_rank = free_gpu * (1 if self.shape.mla else self.attn_tp)
             return max(0, int(self.dp * per_rank // self.shape.kv_bytes_per_token))
-        free = self.tp * self.gpu_usable_bytes * mem_fraction - self.shape.weight_bytes
+        free = (self.tp * self.gpu_usable_bytes * mem_fraction - self.shape.weight_bytes
+                if kv_bytes_per_gpu is None else self.tp * kv_bytes_per_gpu)
         return max(0, int(free // self.shape.kv_bytes_per_token))
 
     def transfer_ms(self, tokens: int, link: Link) -> float:

@@ -89,3 +89,19 @@ def kv_element_bytes(engine: str, kv_cache_dtype: str | None, model_bytes: int, 
     if kv_cache_dtype in ONE_BYTE_KV.get(engine, ()) and not mla:
         return 1
     return None
+
+
+def kv_tokens(cost, engine: str, mem_fraction: float, kv_cache_memory_bytes: int | None = None,
+              max_total_tokens: int | None = None) -> int:
+    """KV tokens of one engine rank (``cost``: its cost model) as the engine sizes its cache from
+    the user's flags (tests/contract/FACTS.md, "KV cache size"): vLLM's --kv-cache-memory-bytes
+    is the KV memory of each GPU, in place of what gpu-memory-utilization leaves (0 or unset:
+    not used); SGLang's --max-total-tokens caps the pool of each attention-DP worker at that
+    many tokens (never raises it). Otherwise the cost model's at ``mem_fraction``."""
+    if engine == "vllm" and kv_cache_memory_bytes:
+        return cost.kv_capacity_tokens(kv_bytes_per_gpu=kv_cache_memory_bytes)
+    kv = cost.kv_capacity_tokens(mem_fraction)
+    if engine == "sglang" and max_total_tokens is not None:
+        workers = max(cost.dp, 1)
+        kv = workers * min(kv // workers, max_total_tokens)
+    return kv

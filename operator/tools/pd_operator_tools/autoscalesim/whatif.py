@@ -75,6 +75,11 @@ def load_spec(path: str) -> PDInferenceService:
     return svc
 
 
+# flags of extraArgs that size the engine's KV cache (perfmodel.engine_defaults.kv_tokens); the
+# simulated fleet sizes it from gpuMemoryUtilization only
+KV_SIZE_FLAGS = {"vllm": ("--kv-cache-memory-bytes", "--num-gpu-blocks-override"), "sglang": ("--max-total-tokens",)}
+
+
 def cost_model(svc: PDInferenceService, role: str) -> CostModel:
     """The pool's engine rank (its KV cache in the dtype of --kv-cache-dtype: pool_shape);
     simulation_problems has refused what it cannot model."""
@@ -102,6 +107,11 @@ def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
                         f"the cost model does not model the KV cache of --kv-cache-dtype {dtype!r} for this "
                         "model (it models the model's own dtype and the plain FP8 formats)"))
             continue
+        for flag in KV_SIZE_FLAGS[spec.engine.kind]:
+            if user_engine_flag(spec, role, flag) is not None:
+                field = f"{at}.extraArgs" if sets_flag(pool.extra_args, flag) else "spec.engine.extraArgs"
+                out.append((field, f"the simulated fleet does not model a KV cache sized by {flag} (the autoscaler's "
+                                   "capacity follows it): simulate a copy of the spec without it"))
         product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
         if product is not None and CALIBRATED_GPU not in product.upper():
             field = "gpuProduct" if pool.gpu_product else f"nodeSelector[{spec.gpu_product_label()}]"

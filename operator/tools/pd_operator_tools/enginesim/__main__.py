@@ -211,6 +211,11 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
             shutdown_timeout = 0
         connector = kvt.get("kv_connector") if isinstance(kvt, dict) else None
         max_queued = ns.max_num_queued_reqs
+        if ns.num_gpu_blocks_override is not None:
+            raise ValueError("the simulator does not model --num-gpu-blocks-override (blocks of the attention "
+                             "backend's size); size the KV cache with --kv-cache-memory-bytes or "
+                             "--gpu-memory-utilization")
+        kv_memory, kv_cap = ns.kv_cache_memory_bytes, None
     else:
         model = ns.model_path
         served = [ns.served_model_name or model]
@@ -231,6 +236,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         shutdown_timeout = None  # SGLang drains until no request is left
         connector, max_queued = None, None
         performance_mode = None
+        kv_memory, kv_cap = None, ns.max_total_tokens
     try:
         shape = shape_for(model)
     except KeyError:
@@ -268,6 +274,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         max_model_len=max_len or shape.max_model_len,
         # the calibration's capacity is at full memory; vLLM's default 0.92 is ~ that
         mem_fraction=min(1.0, mem / 0.92), kv_capacity_tokens=opts.kv_capacity_tokens,
+        kv_cache_memory_bytes=kv_memory, max_total_tokens=kv_cap,
         api_keys=keys, enable_metrics=metrics, bootstrap_port=bootstrap,
         side_channel_host=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
         side_channel_port=int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),

@@ -52,7 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .clock import AsyncioClock
 from pd_operator.perfmodel.costmodel import LINKS, CostModel, Efficiency, Link, ModelShape
-from pd_operator.perfmodel.engine_defaults import default_max_running
+from pd_operator.perfmodel.engine_defaults import default_max_running, kv_tokens
 from .engine import Engine, SimRequest
 from .metrics import PromSink
 
@@ -109,6 +109,10 @@ class SimConfig:
     max_model_len: int = 40960
     mem_fraction: float = 1.0
     kv_capacity_tokens: Optional[int] = None
+    # the KV cache as the engine's flags size it (engine_defaults.kv_tokens): vLLM
+    # --kv-cache-memory-bytes (per GPU), SGLang --max-total-tokens (a cap per worker)
+    kv_cache_memory_bytes: Optional[int] = None
+    max_total_tokens: Optional[int] = None
     api_keys: list = field(default_factory=list)
     enable_metrics: bool = True
     bootstrap_port: Optional[int] = None
@@ -141,7 +145,8 @@ class SimConfig:
 
     def kv_tokens(self) -> int:
         return (self.kv_capacity_tokens if self.kv_capacity_tokens is not None
-                else self.cost().kv_capacity_tokens(self.mem_fraction))
+                else kv_tokens(self.cost(), self.flavor, self.mem_fraction,
+                               self.kv_cache_memory_bytes, self.max_total_tokens))
 
     def running_limit(self) -> int:
         """The most requests the replica runs at once: vLLM's limit is per DP rank (each rank's
