@@ -282,3 +282,30 @@ def test_vllm_pools_with_kv_caches_nixl_cannot_match_are_refused():
     rendered([], [], engine={"kind": "vllm", "extraArgs": ["--kv-cache-dtype", "fp8_e4m3"]})
     # SGLang's transfer does not compare them
     render(validate_service(minimal("sglang", decode={"extraArgs": ["--kv-cache-dtype", "fp8_e5m2"]})))
+
+
+def test_a_vllm_kv_cache_memory_that_cannot_hold_one_request_is_refused():
+    """--kv-cache-memory-bytes is each GPU's KV cache (vLLM 0.33.0 config/cache.py), and vLLM
+    refuses to start when it cannot hold one request of the model's max length
+    (v1/core/kv_cache_planning.py check_enough_kv_cache_memory). Qwen3-8B holds 144 KiB of
+    KV per token on one GPU (36 layers x 8 KV heads x 128 x K and V x 2 bytes): 40960 tokens
+    need 5.625 GiB."""
+    from pd_operator.render import render
+
+    def rendered(decode, model=None, **pool):
+        spec = minimal(decode={"extraArgs": decode, **pool}, **({"model": model} if model else {}))
+        render(validate_service(spec))
+
+    assert minimal()["spec"]["model"]["name"] == "Qwen/Qwen3-8B"
+    with pytest.raises(SpecError) as info:
+        rendered(["--kv-cache-memory-bytes", "5G"])  # vLLM's human_readable_int: G is 2^30
+    message = dict(info.value.problems)["spec.decode.extraArgs"]
+    assert "5.00 GiB" in message and "40960 tokens" in message and "5.62 GiB" in message
+    rendered(["--kv-cache-memory-bytes", "6G"])
+    rendered(["--kv-cache-memory-bytes", "5G"], tensorParallelSize=2)         # half the heads per GPU
+    rendered(["--kv-cache-memory-bytes", "5G", "--kv-cache-dtype", "fp8"])    # one byte per element
+    rendered(["--kv-cache-memory-bytes", "5G"], model={"name": "Qwen/Qwen3-8B", "maxModelLen": 32768})
+    with pytest.raises(SpecError):
+        rendered(["--kv-cache-memory-bytes", "3G"], model={"name": "Qwen/Qwen3-8B", "maxModelLen": 32768})
+    # a model known by its last path component only may be configured otherwise: its length is not assumed
+    rendered(["--kv-cache-memory-bytes", "1G"], model={"name": "/models/Qwen3-8B"})

@@ -89,6 +89,8 @@ class VLLMAdapter(EngineAdapter):
         from ..args import sets_flag, user_engine_flag
 
         super().check_extra_args()
+        for role in ("prefill", "decode"):
+            self._check_kv_memory(role)
         if self.spec.backend() not in ("nixl", "lmcache"):
             return
         dtype = {role: user_engine_flag(self.spec, role, "--kv-cache-dtype") or "auto" for role in ("prefill", "decode")}
@@ -100,6 +102,42 @@ class VLLMAdapter(EngineAdapter):
         raise SpecError([(field, f"--kv-cache-dtype is {p!r} on prefill and {d!r} on decode: vLLM's NIXL handshake "
                                  "compares the two and refuses every KV transfer when they differ (\"NIXL compatibility "
                                  "hash mismatch\"); set the same value for both pools, e.g. once in spec.engine.extraArgs")],
+                        self.svc.metadata.name)
+
+    def _check_kv_memory(self, role: str) -> None:
+        """``--kv-cache-memory-bytes`` is each GPU's KV cache (config/cache.py), and vLLM refuses to
+        start when it cannot hold one request of the model's max length
+        (v1/core/kv_cache_planning.py ``check_enough_kv_cache_memory``: the layers' pages for
+        ``max_model_len`` tokens plus the null block). Refused here when even the tokens alone
+        do not fit, for a model whose KV layout the cost model knows, at the length the spec
+        sets (``maxModelLen``) or, for a model named exactly, its config's."""
+        from ...api.errors import SpecError
+        from ...perfmodel.costmodel import MODELS
+        from ...perfmodel.engine_defaults import kv_element_bytes
+        from ..args import sets_flag, user_engine_flag
+
+        budget = user_engine_flag(self.spec, role, "--kv-cache-memory-bytes")
+        shape = MODELS.get(self.spec.model.name)
+        length = self.spec.model.max_model_len or (shape.max_model_len if shape else None)
+        if not budget or shape is None or not length:
+            return
+        element = kv_element_bytes("vllm", user_engine_flag(self.spec, role, "--kv-cache-dtype"),
+                                   shape.kv_dtype_bytes or shape.dtype_bytes, shape.mla)
+        if element is None:
+            return
+        tp = self.pool(role).tensor_parallel_size
+        if shape.mla:  # the latent is whole on every GPU of the rank
+            per_token = shape.layers * (shape.kv_lora_rank + shape.qk_rope_head_dim) * element
+        else:  # KV heads split over TP, replicated where TP exceeds them
+            per_token = shape.layers * max(1, shape.n_kv // tp) * shape.head_dim * 2 * element
+        need = length * per_token
+        if need <= budget:
+            return
+        field = f"spec.{role}.extraArgs" if sets_flag(self.pool(role).extra_args, "--kv-cache-memory-bytes") else "spec.engine.extraArgs"
+        raise SpecError([(field, f"--kv-cache-memory-bytes gives each GPU {budget / 2 ** 30:.2f} GiB of KV cache, and one "
+                                 f"request of {length} tokens of {shape.name} needs at least {need / 2 ** 30:.2f} GiB per GPU "
+                                 f"at tensorParallelSize {tp}: vLLM refuses to start (\"To serve at least one request with "
+                                 "the model's max seq len\"); raise it or set a smaller spec.model.maxModelLen")],
                         self.svc.metadata.name)
 
     def kv_transfer_config(self, role: str) -> dict:
