@@ -162,6 +162,22 @@ def test_a_negative_boolean_spelling_reads_false():
     assert read("--no-enable-tf32-matmul", component="sglang", base=sgl).enable_tf32_matmul is False
 
 
+def test_human_readable_ints_read_as_each_engine_reads_them():
+    """Each engine has its own human_readable_int: vLLM's (vllm/utils/argparse_utils.py) reads
+    lower-case suffixes as decimal and capitals as binary, SGLang's (sglang/srt/utils/common.py)
+    case-sensitive SI (k, M, G, T) and IEC (Ki, Mi, Gi, Ti) suffixes. Before, SGLang's flags
+    were read with vLLM's rules: --max-total-tokens 2M read 2,097,152 tokens and 1Ki was refused."""
+    sgl = ["python3", "-m", "sglang.launch_server", "--model-path", "m", "--max-total-tokens"]
+    read = {v: fs.check_argv("sglang", SGLANG, sgl + [v]).max_total_tokens for v in ("100k", "2M", "1G", "25.6k", "1Ki", "7")}
+    assert read == {"100k": 100_000, "2M": 2_000_000, "1G": 10**9, "25.6k": 25_600, "1Ki": 1024, "7": 7}
+    refuses("sglang", SGLANG, sgl + ["1m"], "invalid integer")     # no lower-case M
+    refuses("sglang", SGLANG, sgl + ["1.5Ki"], "decimals")
+    vllm = ["vllm", "serve", "m", "--kv-cache-memory-bytes"]
+    assert fs.check_argv("vllm", VLLM, vllm + ["2M"]).kv_cache_memory_bytes == 2 * 2**20
+    assert fs.check_argv("vllm", VLLM, vllm + ["2m"]).kv_cache_memory_bytes == 2 * 10**6
+    refuses("vllm", VLLM, vllm + ["1Gi"], "human-readable")
+
+
 def test_vllm_recent_scheduler_flags_exist_at_0_33():
     # Both exist at 0.33.0 (ENGINES.md: "very recent vLLM only").
     assert fs.has_flag("vllm", VLLM, "--watermark")

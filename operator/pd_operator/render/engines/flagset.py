@@ -47,6 +47,7 @@ import argparse
 import functools
 import json
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -160,6 +161,31 @@ def _human_readable_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid human-readable int value: {text!r}") from None
 
 
+# SGLang's own ``human_readable_int`` (sglang/srt/utils/common.py): case-sensitive SI suffixes
+# (k, M, G, T; decimals allowed) and IEC ones (Ki, Mi, Gi, Ti; integers only), where vLLM's
+# reads a capital letter as binary (1M: 10^6 in SGLang, 2^20 in vLLM) and has no IEC suffixes
+_SGL_HR_RE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+_SGL_HR_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SGL_HR_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _sglang_human_readable_int(text: str) -> int:
+    text = text.strip()
+    m = _SGL_HR_RE.fullmatch(text)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _SGL_HR_IEC:
+            if "." in number:
+                raise argparse.ArgumentTypeError(f"decimals are not allowed with IEC suffix {suffix}")
+            return int(number) * _SGL_HR_IEC[suffix]
+        return int(Decimal(number) * _SGL_HR_SI[suffix])
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r} (a plain integer, SI suffixes "
+                                         "1k, 1M or IEC suffixes 1Ki, 1Mi; case-sensitive)") from None
+
+
 def _expand_json_numbers(text: str) -> str:
     parts = _JSON_STRING.split(text)
     for i in range(0, len(parts), 2):
@@ -203,12 +229,13 @@ class _Converter:
                 return float(text)
             except ValueError:
                 raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        readable = _sglang_human_readable_int if self.component == "sglang" else _human_readable_int
         if kind == "human_readable_int":
-            return _human_readable_int(text)
+            return readable(text)
         if kind == "human_readable_int_or_auto":
             if text.strip() == "-1" or text.strip().lower() == "auto":
                 return -1
-            return _human_readable_int(text)
+            return readable(text)
         if kind == "json":
             try:
                 return json.loads(text)
