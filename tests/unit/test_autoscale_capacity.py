@@ -309,3 +309,14 @@ def test_the_kv_cache_size_flags_of_extra_args_size_the_kv_bound():
         sgl, "decode", replica_cost_model(sgl, "decode"))
     above = svc("sglang", decode={"extraArgs": ["--max-total-tokens", "100M"]}).spec
     assert pool_kv_tokens(above, "decode", replica_cost_model(above, "decode")) == plain
+
+
+def test_kv_heads_are_replicated_past_the_tensor_parallel_size():
+    """Each GPU holds max(1, KV heads // TP) heads (get_num_kv_heads in both engines): Qwen3-8B's
+    8 KV heads over 16 GPUs are two copies, so 16 GPUs hold the tokens 8 do, not twice them."""
+    s = shape_for("Qwen/Qwen3-8B")
+    per_gpu_token = s.layers * 1 * s.head_dim * 2 * s.dtype_bytes  # one KV head per GPU at TP 8 and 16
+    gib20 = 20 * 2 ** 30
+    assert CostModel(shape=s, tp=8).kv_capacity_tokens(kv_bytes_per_gpu=gib20) == gib20 // per_gpu_token
+    assert CostModel(shape=s, tp=16).kv_capacity_tokens(kv_bytes_per_gpu=gib20) == gib20 // per_gpu_token
+    assert CostModel(shape=s, tp=4).kv_capacity_tokens(kv_bytes_per_gpu=gib20) == 4 * gib20 // s.kv_bytes_per_token

@@ -189,6 +189,18 @@ def test_what_the_cost_model_cannot_run_is_refused(tmp_path, capsys):
     code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", kv_memory), *WINDOW)
     assert code == 1 and "spec.decode.extraArgs" in err and "--kv-cache-memory-bytes" in err and "spec.prefill" not in err
 
+    def blocks(spec):
+        spec["prefill"].setdefault("extraArgs", []).extend(["--num-gpu-blocks-override", "4096"])
+
+    code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", blocks), *WINDOW)
+    assert code == 1 and "spec.prefill.extraArgs" in err and "--num-gpu-blocks-override" in err
+
+    def sglang_cap(spec):
+        spec["engine"] = {**spec["engine"], "kind": "sglang", "extraArgs": ["--max-total-tokens", "100k"]}
+
+    code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", sglang_cap), *WINDOW)
+    assert code == 1 and "spec.engine.extraArgs" in err and "--max-total-tokens" in err
+
 
 def test_unreadable_inputs_exit_2(tmp_path, capsys):
     path = _spec(tmp_path, "current")

@@ -292,8 +292,8 @@ def test_a_vllm_kv_cache_memory_that_cannot_hold_one_request_is_refused():
     need 5.625 GiB."""
     from pd_operator.render import render
 
-    def rendered(decode, model=None, **pool):
-        spec = minimal(decode={"extraArgs": decode, **pool}, **({"model": model} if model else {}))
+    def rendered(args, model=None, role="decode", **pool):
+        spec = minimal(**{role: {"extraArgs": args, **pool}}, **({"model": model} if model else {}))
         render(validate_service(spec))
 
     assert minimal()["spec"]["model"]["name"] == "Qwen/Qwen3-8B"
@@ -307,5 +307,14 @@ def test_a_vllm_kv_cache_memory_that_cannot_hold_one_request_is_refused():
     rendered(["--kv-cache-memory-bytes", "5G"], model={"name": "Qwen/Qwen3-8B", "maxModelLen": 32768})
     with pytest.raises(SpecError):
         rendered(["--kv-cache-memory-bytes", "3G"], model={"name": "Qwen/Qwen3-8B", "maxModelLen": 32768})
-    # a model known by its last path component only may be configured otherwise: its length is not assumed
+    # a model known by its last path component only, or from a volume, may be configured otherwise:
+    # its length is not assumed
     rendered(["--kv-cache-memory-bytes", "1G"], model={"name": "/models/Qwen3-8B"})
+    rendered(["--kv-cache-memory-bytes", "1G"], model={"name": "Qwen/Qwen3-8B", "source": {"type": "pvc", "claimName": "w"}})
+    # a worker holding part of the layers (a pipeline stage) or of the context (context parallelism)
+    # needs less: not checked
+    with pytest.raises(SpecError) as info:
+        rendered(["--kv-cache-memory-bytes", "4G"], role="prefill")
+    assert "spec.prefill.extraArgs" in dict(info.value.problems)
+    rendered(["--kv-cache-memory-bytes", "4G"], role="prefill", pipelineParallelSize=2)
+    rendered(["--kv-cache-memory-bytes", "4G", "--decode-context-parallel-size", "2"], tensorParallelSize=2)

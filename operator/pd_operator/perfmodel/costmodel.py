@@ -396,10 +396,17 @@ class CostModel:
             free_gpu = (self.gpu_usable_bytes * mem_fraction - self.weight_bytes_per_gpu()
                         if kv_bytes_per_gpu is None else kv_bytes_per_gpu)
             per_rank = free_gpu * (1 if self.shape.mla else self.attn_tp)
-            return max(0, int(self.dp * per_rank // self.shape.kv_bytes_per_token))
+            return max(0, int(self.dp * per_rank // (self.shape.kv_bytes_per_token * self._kv_replicas(self.attn_tp))))
         free = (self.tp * self.gpu_usable_bytes * mem_fraction - self.shape.weight_bytes
                 if kv_bytes_per_gpu is None else self.tp * kv_bytes_per_gpu)
-        return max(0, int(free // self.shape.kv_bytes_per_token))
+        return max(0, int(free // (self.shape.kv_bytes_per_token * self._kv_replicas(self.tp))))
+
+    def _kv_replicas(self, tp: int) -> int:
+        """Copies of each KV head over ``tp`` GPUs: the engines split the KV heads over TP and
+        give each GPU at least one, so past the head count they are replicated
+        (``get_num_kv_heads``, max(1, heads // tp): vLLM 0.33.0 config/model.py, SGLang 0.5.23
+        configs/model_config.py). An MLA latent is counted per GPU by the caller."""
+        return 1 if self.shape.mla else max(1, tp // max(self.shape.n_kv, 1))
 
     def transfer_ms(self, tokens: int, link: Link) -> float:
         """KV of ``tokens`` moved prefill -> decode (all TP ranks in parallel; an MLA

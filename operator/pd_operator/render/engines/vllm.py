@@ -110,7 +110,11 @@ class VLLMAdapter(EngineAdapter):
         (v1/core/kv_cache_planning.py ``check_enough_kv_cache_memory``: the layers' pages for
         ``max_model_len`` tokens plus the null block). Refused here when even the tokens alone
         do not fit, for a model whose KV layout the cost model knows, at the length the spec
-        sets (``maxModelLen``) or, for a model named exactly, its config's."""
+        sets (``maxModelLen``) or, for a model named exactly and pulled from the Hugging Face
+        Hub, its config's. Not checked where a worker holds part of the layers or of the
+        context: pipeline parallelism (each stage checks its own layers, partitioned as
+        VLLM_PP_LAYER_PARTITION may say) and context parallelism (--decode- and
+        --prefill-context-parallel-size divide the length, v1/kv_cache_interface.py)."""
         from ...api.errors import SpecError
         from ...perfmodel.costmodel import MODELS
         from ...perfmodel.engine_defaults import kv_element_bytes
@@ -118,8 +122,12 @@ class VLLMAdapter(EngineAdapter):
 
         budget = user_engine_flag(self.spec, role, "--kv-cache-memory-bytes")
         shape = MODELS.get(self.spec.model.name)
-        length = self.spec.model.max_model_len or (shape.max_model_len if shape else None)
-        if not budget or shape is None or not length:
+        hub = self.spec.model.source.type == "huggingface"
+        length = self.spec.model.max_model_len or (shape.max_model_len if shape and hub else None)
+        if not budget or shape is None or not length or self.pool(role).pipeline_parallel_size > 1:
+            return
+        if any((user_engine_flag(self.spec, role, flag) or 1) > 1
+               for flag in ("--decode-context-parallel-size", "--prefill-context-parallel-size")):
             return
         element = kv_element_bytes("vllm", user_engine_flag(self.spec, role, "--kv-cache-dtype"),
                                    shape.kv_dtype_bytes or shape.dtype_bytes, shape.mla)
