@@ -138,52 +138,40 @@ def _facts(component: str, version: str) -> dict[str, Any]:
 # Value conversion (emulates the real ``type=`` callables)
 # --------------------------------------------------------------------------
 
-_HR_RE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-_HR_DEC = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_HR_BIN = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _JSON_BARE_HR = re.compile(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b")
 _JSON_STRING = re.compile(r'("(?:[^"\\]|\\.)*")')
 
+# Each engine's ``human_readable_int``: (suffixes, decimal ones, binary ones, a decimal one's
+# arithmetic, the refusal). vLLM (vllm/utils/argparse_utils.py): lower case decimal, capitals
+# binary. SGLang (sglang/srt/utils/common.py): case-sensitive SI (k, M, G, T) and IEC (Ki, Mi,
+# Gi, Ti) suffixes, so 1M is 10^6 there and 2^20 in vLLM.
+_READABLE = {
+    "vllm": (re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])"),
+             {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}, {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40},
+             lambda number, scale: int(float(number) * scale), "invalid human-readable int value: {!r}"),
+    "sglang": (re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)"),
+               {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}, {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40},
+               lambda number, scale: int(Decimal(number) * scale),
+               "invalid integer value: {!r} (a plain integer, SI suffixes 1k, 1M or IEC suffixes 1Ki, 1Mi; "
+               "case-sensitive)"),
+}
 
-def _human_readable_int(text: str) -> int:
+
+def _human_readable_int(text: str, engine: str = "vllm") -> int:
+    pattern, decimal, binary, scaled, refusal = _READABLE[engine]
     text = text.strip()
-    m = _HR_RE.fullmatch(text)
+    m = pattern.fullmatch(text)
     if m:
         number, suffix = m.groups()
-        if suffix in _HR_DEC:
-            return int(float(number) * _HR_DEC[suffix])
+        if suffix in decimal:
+            return scaled(number, decimal[suffix])
         if "." in number:
             raise argparse.ArgumentTypeError(f"decimals are not allowed with binary suffix {suffix}")
-        return int(number) * _HR_BIN[suffix]
+        return int(number) * binary[suffix]
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid human-readable int value: {text!r}") from None
-
-
-# SGLang's own ``human_readable_int`` (sglang/srt/utils/common.py): case-sensitive SI suffixes
-# (k, M, G, T; decimals allowed) and IEC ones (Ki, Mi, Gi, Ti; integers only), where vLLM's
-# reads a capital letter as binary (1M: 10^6 in SGLang, 2^20 in vLLM) and has no IEC suffixes
-_SGL_HR_RE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
-_SGL_HR_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_SGL_HR_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
-def _sglang_human_readable_int(text: str) -> int:
-    text = text.strip()
-    m = _SGL_HR_RE.fullmatch(text)
-    if m:
-        number, suffix = m.groups()
-        if suffix in _SGL_HR_IEC:
-            if "." in number:
-                raise argparse.ArgumentTypeError(f"decimals are not allowed with IEC suffix {suffix}")
-            return int(number) * _SGL_HR_IEC[suffix]
-        return int(Decimal(number) * _SGL_HR_SI[suffix])
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r} (a plain integer, SI suffixes "
-                                         "1k, 1M or IEC suffixes 1Ki, 1Mi; case-sensitive)") from None
+        raise argparse.ArgumentTypeError(refusal.format(text)) from None
 
 
 def _expand_json_numbers(text: str) -> str:
@@ -229,13 +217,13 @@ class _Converter:
                 return float(text)
             except ValueError:
                 raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-        readable = _sglang_human_readable_int if self.component == "sglang" else _human_readable_int
+        engine = "sglang" if self.component == "sglang" else "vllm"
         if kind == "human_readable_int":
-            return readable(text)
+            return _human_readable_int(text, engine)
         if kind == "human_readable_int_or_auto":
             if text.strip() == "-1" or text.strip().lower() == "auto":
                 return -1
-            return readable(text)
+            return _human_readable_int(text, engine)
         if kind == "json":
             try:
                 return json.loads(text)
