@@ -320,3 +320,10 @@ def test_kv_heads_are_replicated_past_the_tensor_parallel_size():
     assert CostModel(shape=s, tp=8).kv_capacity_tokens(kv_bytes_per_gpu=gib20) == gib20 // per_gpu_token
     assert CostModel(shape=s, tp=16).kv_capacity_tokens(kv_bytes_per_gpu=gib20) == gib20 // per_gpu_token
     assert CostModel(shape=s, tp=4).kv_capacity_tokens(kv_bytes_per_gpu=gib20) == 4 * gib20 // s.kv_bytes_per_token
+    # attention data parallelism: two ranks of 16 GPUs, each holding what 8 hold
+    assert CostModel(shape=s, tp=32, dp=2).kv_capacity_tokens(kv_bytes_per_gpu=gib20) == 2 * (gib20 // per_gpu_token)
+    # each GPU reads and sends its one head per token, as at TP 8
+    eight, sixteen, link = CostModel(shape=s, tp=8), CostModel(shape=s, tp=16), Link("test", 10.0, 0.0)
+    assert sixteen.transfer_ms(4096, link) == pytest.approx(eight.transfer_ms(4096, link))
+    assert CostModel(shape=s, tp=4).transfer_ms(4096, link) == pytest.approx(2 * eight.transfer_ms(4096, link))
+    assert sixteen._kv == pytest.approx(eight._kv)

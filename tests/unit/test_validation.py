@@ -317,4 +317,8 @@ def test_a_vllm_kv_cache_memory_that_cannot_hold_one_request_is_refused():
         rendered(["--kv-cache-memory-bytes", "4G"], role="prefill")
     assert "spec.prefill.extraArgs" in dict(info.value.problems)
     rendered(["--kv-cache-memory-bytes", "4G"], role="prefill", pipelineParallelSize=2)
-    rendered(["--kv-cache-memory-bytes", "4G", "--decode-context-parallel-size", "2"], tensorParallelSize=2)
+    with pytest.raises(SpecError):
+        rendered(["--kv-cache-memory-bytes", "2G"], tensorParallelSize=2)
+    rendered(["--kv-cache-memory-bytes", "2G", "--decode-context-parallel-size", "2"], tensorParallelSize=2)
+    # a config rewritten in extraArgs may give another length
+    rendered(["--kv-cache-memory-bytes", "4G", "--hf-overrides", '{"max_position_embeddings": 1024}'])

@@ -304,7 +304,9 @@ class CostModel:
             flops = self.shape.mla_decode_width / (2 * CALIBRATED.attn_width)
             nbytes = self.shape.kv_bytes_per_token / CALIBRATED.kv_bytes_per_token / self.hbm_ratio
             return max(flops * self._attn_rate, nbytes) / self.dp
-        return self.shape.kv_bytes_per_token / CALIBRATED.kv_bytes_per_token / self.tp / self.hbm_ratio
+        # each GPU reads its share of the KV heads, at least one head (_kv_replicas)
+        return (self.shape.kv_bytes_per_token * self._kv_replicas(self.tp) / CALIBRATED.kv_bytes_per_token
+                / self.tp / self.hbm_ratio)
 
     @property
     def _attn_rate(self) -> float:
@@ -409,8 +411,9 @@ class CostModel:
         return 1 if self.shape.mla else max(1, tp // max(self.shape.n_kv, 1))
 
     def transfer_ms(self, tokens: int, link: Link) -> float:
-        """KV of ``tokens`` moved prefill -> decode (all TP ranks in parallel; an MLA
-        latent lives whole on one attention rank: one rank's link carries it)."""
+        """KV of ``tokens`` moved prefill -> decode (all TP ranks in parallel, each its share of
+        the KV heads, at least one: _kv_replicas; an MLA latent lives whole on one attention
+        rank: one rank's link carries it)."""
         if self.shape.mla:
             return link.transfer_ms(self.kv_bytes(tokens))
-        return link.transfer_ms(self.kv_bytes(tokens) / self.tp)
+        return link.transfer_ms(self.kv_bytes(tokens) * self._kv_replicas(self.tp) / self.tp)

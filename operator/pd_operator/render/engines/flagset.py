@@ -19,8 +19,8 @@ Emulated behaviour of the real parsers
   passed, because the real behaviour is a trap (SGLang reads ``--prefill-only``
   as ``--prefill-only-disable-kv-cache``);
 * ``nargs`` (``?``, ``*``, ``+``, N), ``append`` actions, required options;
-* value conversion for ``int``, ``float``, JSON, vLLM's human-readable ints
-  (``32k``) and vLLM's JSON config dataclasses (unknown keys are refused when
+* value conversion for ``int``, ``float``, JSON, each engine's human-readable
+  ints (``32k``; SGLang's with its SI and IEC suffixes) and vLLM's JSON config dataclasses (unknown keys are refused when
   the dataclass forbids extras, ``Literal`` fields are checked, and
   ``kv_connector`` without ``kv_role`` is refused as vLLM does at parse time);
 * ``choices`` after conversion;

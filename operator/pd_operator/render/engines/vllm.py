@@ -111,10 +111,12 @@ class VLLMAdapter(EngineAdapter):
         ``max_model_len`` tokens plus the null block). Refused here when even the tokens alone
         do not fit, for a model whose KV layout the cost model knows, at the length the spec
         sets (``maxModelLen``) or, for a model named exactly and pulled from the Hugging Face
-        Hub, its config's. Not checked where a worker holds part of the layers or of the
-        context: pipeline parallelism (each stage checks its own layers, partitioned as
-        VLLM_PP_LAYER_PARTITION may say) and context parallelism (--decode- and
-        --prefill-context-parallel-size divide the length, v1/kv_cache_interface.py)."""
+        Hub, its config's, unless extraArgs rewrite the config (--hf-overrides,
+        --hf-config-path: the length vLLM derives follows them). Not checked where a worker
+        holds part of the layers or of the context: pipeline parallelism (each stage checks its
+        own layers, partitioned as VLLM_PP_LAYER_PARTITION may say) and context parallelism
+        (--decode-context-parallel-size divides the length, v1/kv_cache_interface.py;
+        --prefill-context-parallel-size is left out alike)."""
         from ...api.errors import SpecError
         from ...perfmodel.costmodel import MODELS
         from ...perfmodel.engine_defaults import kv_element_bytes
@@ -123,7 +125,8 @@ class VLLMAdapter(EngineAdapter):
         budget = user_engine_flag(self.spec, role, "--kv-cache-memory-bytes")
         shape = MODELS.get(self.spec.model.name)
         hub = self.spec.model.source.type == "huggingface"
-        length = self.spec.model.max_model_len or (shape.max_model_len if shape and hub else None)
+        rewritten = any(user_engine_flag(self.spec, role, flag) is not None for flag in ("--hf-overrides", "--hf-config-path"))
+        length = self.spec.model.max_model_len or (shape.max_model_len if shape and hub and not rewritten else None)
         if not budget or shape is None or not length or self.pool(role).pipeline_parallel_size > 1:
             return
         if any((user_engine_flag(self.spec, role, flag) or 1) > 1
