@@ -130,6 +130,20 @@ class ModelShape:
         # K and V, every layer, every KV head
         return self.layers * self.n_kv * self.head_dim * 2 * kv_dtype
 
+    def kv_replicas(self, tp: int) -> int:
+        """Copies of each KV head over ``tp`` GPUs: the engines split the KV heads over TP and
+        give each GPU at least one, so past the head count they are replicated
+        (``get_num_kv_heads``, max(1, heads // tp): vLLM 0.33.0 config/model.py, SGLang 0.5.23
+        configs/model_config.py). An MLA latent is whole on every GPU: 1 here, counted per GPU."""
+        return 1 if self.mla else max(1, tp // max(self.n_kv, 1))
+
+    def kv_bytes_per_gpu_token(self, tp: int) -> float:
+        """KV bytes one token takes on each GPU of a TP group: its share of the KV heads, at
+        least one head (:meth:`kv_replicas`); an MLA latent whole."""
+        if self.mla:
+            return self.kv_bytes_per_token
+        return self.kv_bytes_per_token * self.kv_replicas(tp) / tp
+
     @property
     def attn_width(self) -> int:
         return self.layers * self.n_q * self.head_dim
@@ -304,8 +318,8 @@ class CostModel:
             flops = self.shape.mla_decode_width / (2 * CALIBRATED.attn_width)
             nbytes = self.shape.kv_bytes_per_token / CALIBRATED.kv_bytes_per_token / self.hbm_ratio
             return max(flops * self._attn_rate, nbytes) / self.dp
-        # each GPU reads its share of the KV heads, at least one head (_kv_replicas)
-        return (self.shape.kv_bytes_per_token * self._kv_replicas(self.tp) / CALIBRATED.kv_bytes_per_token
+        # each GPU reads its share of the KV heads, at least one head (ModelShape.kv_replicas)
+        return (self.shape.kv_bytes_per_token * self.shape.kv_replicas(self.tp) / CALIBRATED.kv_bytes_per_token
                 / self.tp / self.hbm_ratio)
 
     @property
@@ -398,22 +412,15 @@ class CostModel:
             free_gpu = (self.gpu_usable_bytes * mem_fraction - self.weight_bytes_per_gpu()
                         if kv_bytes_per_gpu is None else kv_bytes_per_gpu)
             per_rank = free_gpu * (1 if self.shape.mla else self.attn_tp)
-            return max(0, int(self.dp * per_rank // (self.shape.kv_bytes_per_token * self._kv_replicas(self.attn_tp))))
+            return max(0, int(self.dp * per_rank // (self.shape.kv_bytes_per_token * self.shape.kv_replicas(self.attn_tp))))
         free = (self.tp * self.gpu_usable_bytes * mem_fraction - self.shape.weight_bytes
                 if kv_bytes_per_gpu is None else self.tp * kv_bytes_per_gpu)
-        return max(0, int(free // (self.shape.kv_bytes_per_token * self._kv_replicas(self.tp))))
-
-    def _kv_replicas(self, tp: int) -> int:
-        """Copies of each KV head over ``tp`` GPUs: the engines split the KV heads over TP and
-        give each GPU at least one, so past the head count they are replicated
-        (``get_num_kv_heads``, max(1, heads // tp): vLLM 0.33.0 config/model.py, SGLang 0.5.23
-        configs/model_config.py). An MLA latent is counted per GPU by the caller."""
-        return 1 if self.shape.mla else max(1, tp // max(self.shape.n_kv, 1))
+        return max(0, int(free // (self.shape.kv_bytes_per_token * self.shape.kv_replicas(self.tp))))
 
     def transfer_ms(self, tokens: int, link: Link) -> float:
         """KV of ``tokens`` moved prefill -> decode (all TP ranks in parallel, each its share of
-        the KV heads, at least one: _kv_replicas; an MLA latent lives whole on one attention
+        the KV heads, at least one: ModelShape.kv_replicas; an MLA latent lives whole on one attention
         rank: one rank's link carries it)."""
         if self.shape.mla:
             return link.transfer_ms(self.kv_bytes(tokens))
-        return link.transfer_ms(self.kv_bytes(tokens) * self._kv_replicas(self.tp) / self.tp)
+        return link.transfer_ms(self.kv_bytes(tokens) * self.shape.kv_replicas(self.tp) / self.tp)

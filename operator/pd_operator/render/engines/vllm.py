@@ -117,6 +117,8 @@ class VLLMAdapter(EngineAdapter):
         own layers, partitioned as VLLM_PP_LAYER_PARTITION may say) and context parallelism
         (--decode-context-parallel-size divides the length, v1/kv_cache_interface.py;
         --prefill-context-parallel-size is left out alike)."""
+        from dataclasses import replace
+
         from ...api.errors import SpecError
         from ...perfmodel.costmodel import MODELS
         from ...perfmodel.engine_defaults import kv_element_bytes
@@ -137,11 +139,7 @@ class VLLMAdapter(EngineAdapter):
         if element is None:
             return
         tp = self.pool(role).tensor_parallel_size
-        if shape.mla:  # the latent is whole on every GPU of the rank
-            per_token = shape.layers * (shape.kv_lora_rank + shape.qk_rope_head_dim) * element
-        else:  # KV heads split over TP, replicated where TP exceeds them
-            per_token = shape.layers * max(1, shape.n_kv // tp) * shape.head_dim * 2 * element
-        need = length * per_token
+        need = length * replace(shape, kv_dtype_bytes=element).kv_bytes_per_gpu_token(tp)
         if need <= budget:
             return
         field = f"spec.{role}.extraArgs" if sets_flag(self.pool(role).extra_args, "--kv-cache-memory-bytes") else "spec.engine.extraArgs"
