@@ -426,3 +426,40 @@ def test_a_refused_write_undoes_only_children_the_pass_created():
     assert [c for c in api.calls if c[0] == "delete"] == [("delete", "StatefulSet")]  # a-prefill, created now
     assert {k for k in api.objects if k[2].startswith("a-")} == before
     assert any(r == "ApplyFailed" and "exceeded quota" in m and "1 children" in m for _, r, m in events), events
+
+
+class TimeoutApi(FakeApi):
+    """The decode StatefulSet's write times out (urllib3's read timeout): not an API error,
+    the write's fate unknown."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts = 1
+
+    def apply(self, obj, manager=FIELD_MANAGER, dry_run=False):
+        from urllib3.exceptions import ReadTimeoutError
+
+        if not dry_run and self.timeouts and obj["kind"] == "StatefulSet" and obj["metadata"]["name"].endswith("-decode"):
+            self.timeouts -= 1
+            raise ReadTimeoutError(None, "/apis/apps/v1", "Read timed out. (read timeout=60)")
+        return super().apply(obj, manager=manager, dry_run=dry_run)
+
+
+def test_a_write_that_times_out_leaves_nothing_of_a_new_service_and_the_retry_creates_it():
+    """Before, only an API error undid a new service's children: a timeout left the Services
+    and the prefill pool, and the retry, finding a pool, took the service as an existing one,
+    so a refusal after that would have left it half-created (found by a review)."""
+    from urllib3.exceptions import ReadTimeoutError
+
+    api = TimeoutApi()
+    add_service(api)
+    events: list = []
+    with pytest.raises(ReadTimeoutError):  # raised again: kopf retries the handler
+        reconcile(api, api.get_service(NS, "svc"), lambda b, t, r, m: events.append((t, r, m)))
+    assert ("apply", "StatefulSet") in api.calls  # the prefill pool was written, then deleted
+    assert api.objects == {}, sorted(api.objects)
+    failed = [m for t, r, m in events if r == "ApplyFailed"]
+    assert failed and "StatefulSet/svc-decode" in failed[0] and "were deleted" in failed[0], events
+    run(api)
+    assert {k[0] for k in api.objects} >= {"StatefulSet", "Service", "Deployment"}
+    assert sum(1 for k in api.objects if k[0] == "StatefulSet") == 2

@@ -322,3 +322,20 @@ def test_a_vllm_kv_cache_memory_that_cannot_hold_one_request_is_refused():
     rendered(["--kv-cache-memory-bytes", "2G", "--decode-context-parallel-size", "2"], tensorParallelSize=2)
     # a config rewritten in extraArgs may give another length
     rendered(["--kv-cache-memory-bytes", "4G", "--hf-overrides", '{"max_position_embeddings": 1024}'])
+
+
+def test_an_sglang_max_total_tokens_that_leaves_no_pool_is_refused():
+    """SGLang caps each worker's pool at min(profiled, --max-total-tokens)
+    (mem_cache/kv_cache_configurator.py _apply_token_constraints) and refuses to start on an
+    empty one (model_executor/pool_configurator.py "Not enough memory"): 0 is refused at
+    admission, naming the pool's field; any positive count passes."""
+    from pd_operator.render import render
+
+    with pytest.raises(SpecError) as info:
+        render(validate_service(minimal("sglang", prefill={"extraArgs": ["--max-total-tokens", "0"]})))
+    message = dict(info.value.problems)["spec.prefill.extraArgs"]
+    assert "--max-total-tokens 0" in message and "Not enough memory" in message
+    with pytest.raises(SpecError) as info:
+        render(validate_service(minimal("sglang", engine={"kind": "sglang", "extraArgs": ["--max-total-tokens=0"]})))
+    assert "spec.engine.extraArgs" in dict(info.value.problems)
+    render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "1k"]})))

@@ -203,6 +203,14 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
                 apply_error += _undo_creation(kube, namespace, name, created)
             event(body, "Warning", "ApplyFailed", apply_error)
             break
+        except Exception as err:  # a timeout or a dropped connection: the write's fate is unknown
+            # the children this pass created are deleted all the same, or the retry would find a
+            # pool, take the service as an existing one and no longer undo; the error is raised
+            # again for the retry (the undo's own deletes fail too when the API server is gone)
+            if created:
+                event(body, "Warning", "ApplyFailed",
+                      f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err}" + _undo_creation(kube, namespace, name, created))
+            raise
     if not current and apply_error is None:
         event(body, "Normal", "Created", f"created {len(objs)} objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs))
     if apply_error is None:

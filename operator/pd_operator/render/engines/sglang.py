@@ -79,6 +79,25 @@ class SGLangAdapter(EngineAdapter):
     max_seqs_flag = "--max-running-requests"
     step_tokens_flag = "--chunked-prefill-size"
 
+    def check_extra_args(self) -> None:
+        """Also: ``--max-total-tokens`` must leave a token in the pool. SGLang caps each worker's
+        pool at min(profiled, value) (mem_cache/kv_cache_configurator.py
+        ``_apply_token_constraints``) and refuses to start on an empty one
+        (model_executor/pool_configurator.py: "Not enough memory")."""
+        from ...api.errors import SpecError
+        from ..args import sets_flag, user_engine_flag
+
+        super().check_extra_args()
+        for role in ("prefill", "decode"):
+            cap = user_engine_flag(self.spec, role, "--max-total-tokens")
+            if cap is not None and cap < 1:
+                field = f"spec.{role}.extraArgs" if sets_flag(self.pool(role).extra_args, "--max-total-tokens") \
+                    else "spec.engine.extraArgs"
+                raise SpecError([(field, f"--max-total-tokens {cap} leaves no token in the {role} pool's KV cache, "
+                                         "and SGLang refuses to start (\"Not enough memory\"); give a positive "
+                                         "token count, or drop the flag to size the cache from gpuMemoryUtilization")],
+                                self.svc.metadata.name)
+
     def prefix_caching_args(self, enabled: bool | None) -> list[str]:
         return ["--disable-radix-cache"] if enabled is False else []  # the radix cache is on by default
 
