@@ -149,6 +149,7 @@ def bin_dirs() -> dict[str, Path]:
         "helm": b / f"helm-{v['HELM_VERSION']}",
         "prometheus": b / f"prometheus-{v['PROMETHEUS_VERSION']}",
         "lws": b / f"lws-{v['LWS_VERSION']}",
+        "cert-manager": b / f"cert-manager-{v['CERT_MANAGER_VERSION']}",
     }
 
 
@@ -167,7 +168,7 @@ def binary(name: str) -> Path:
 def binaries_present() -> bool:
     return all(binary(n).is_file() for n in (
         "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-        "etcd", "kwok", "kwokctl", "lws-controller"))
+        "etcd", "kwok", "kwokctl", "lws-controller")) and (bin_dirs()["cert-manager"] / "crds").is_dir()
 
 
 def ensure_built() -> None:

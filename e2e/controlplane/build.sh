@@ -17,6 +17,7 @@
 #     prometheus-<v>/{prometheus,promtool}
 #     lws-<v>/{lws-controller,crds/*.yaml,webhook/*.yaml}   (CRDs and webhook
 #       configuration copied from the module's config/ directory at build time)
+#     cert-manager-<v>/crds/cert-manager.io_*.yaml   (the module's deploy/crds)
 # Each directory is built in a temporary sibling and renamed into place only
 # when every binary in it linked, so an interrupted build is simply redone.
 #
@@ -37,6 +38,7 @@ KWOK_DIR="$BIN_ROOT/kwok-$KWOK_VERSION"
 HELM_DIR="$BIN_ROOT/helm-$HELM_VERSION"
 PROMETHEUS_DIR="$BIN_ROOT/prometheus-$PROMETHEUS_VERSION"
 LWS_DIR="$BIN_ROOT/lws-$LWS_VERSION"
+CERT_MANAGER_DIR="$BIN_ROOT/cert-manager-$CERT_MANAGER_VERSION"
 
 export CGO_ENABLED=0
 # Never switch toolchains behind our back: if a pin needs a newer Go, fail
@@ -220,6 +222,21 @@ build_lws() {
   rm -rf "$LWS_DIR"; mv "$tmp" "$LWS_DIR"
 }
 
+# --- cert-manager's CRDs ------------------------------------------------------
+
+fetch_cert_manager_crds() {
+  # The CRDs only (the chart's webhook.certManager objects are checked against them by
+  # the API server); downloaded from the module proxy, outside any module.
+  local tmp="$CERT_MANAGER_DIR.tmp.$$" moddir
+  rm -rf "$tmp"; mkdir -p "$tmp/crds"
+  moddir="$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "$moddir" ]] || { log "cert-manager $CERT_MANAGER_VERSION: go mod download gave no directory"; return 1; }
+  cp "$moddir"/deploy/crds/cert-manager.io_*.yaml "$tmp/crds/"
+  chmod -R u+w "$tmp"
+  rm -rf "$CERT_MANAGER_DIR"; mv "$tmp" "$CERT_MANAGER_DIR"
+}
+
 print_dirs() {
   echo "K8S_BIN_DIR=$K8S_DIR"
   echo "ETCD_BIN_DIR=$ETCD_DIR"
@@ -227,6 +244,7 @@ print_dirs() {
   echo "HELM_BIN_DIR=$HELM_DIR"
   echo "PROMETHEUS_BIN_DIR=$PROMETHEUS_DIR"
   echo "LWS_BIN_DIR=$LWS_DIR"
+  echo "CERT_MANAGER_DIR=$CERT_MANAGER_DIR"
 }
 
 main() {
@@ -256,6 +274,9 @@ main() {
   if have_all "$LWS_DIR" lws-controller && [[ -f "$LWS_DIR/crds/leaderworkerset.x-k8s.io_leaderworkersets.yaml" ]]; then
     log "lws $LWS_VERSION: cached"
   else timed "lws $LWS_VERSION" build_lws; fi
+  if [[ -f "$CERT_MANAGER_DIR/crds/cert-manager.io_certificates.yaml" ]]; then
+    log "cert-manager CRDs $CERT_MANAGER_VERSION: cached"
+  else timed "cert-manager CRDs $CERT_MANAGER_VERSION" fetch_cert_manager_crds; fi
   log "all binaries present ($((SECONDS - t0)) s total); cache size: $(du -sh "$BIN_ROOT" | cut -f1)"
   print_dirs
 }

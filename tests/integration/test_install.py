@@ -170,7 +170,20 @@ def test_helm_install_rbac_suffices_and_is_minimal(kube_cluster, crd, release_na
 
         # helm upgrade: the same values change nothing; a new value rolls the pod template
         gen = apps_v1.read_namespaced_deployment(fullname, release_namespace).metadata.generation
+        tls = core_v1.read_namespaced_secret(f"{fullname}-webhook-tls", release_namespace).data
         helm(admin, "upgrade", release, str(CHART), "--namespace", release_namespace, "--reuse-values")
+        assert apps_v1.read_namespaced_deployment(fullname, release_namespace).metadata.generation == gen
+        # the webhook's certificate: kept (lookup of the Secret), then renewed at once on request;
+        # the API server is given the old CA with the new until the pods read the new Secret,
+        # and the pods are not rolled (the operator reads the mounted files again)
+        assert core_v1.read_namespaced_secret(f"{fullname}-webhook-tls", release_namespace).data == tls
+        helm(admin, "upgrade", release, str(CHART), "--namespace", release_namespace, "--reuse-values",
+             "--set", "webhook.certificate.renewDaysBefore=36500")
+        renewed = core_v1.read_namespaced_secret(f"{fullname}-webhook-tls", release_namespace).data
+        assert renewed["tls.crt"] != tls["tls.crt"] and renewed["ca.crt"] != tls["ca.crt"]
+        bundle = base64.b64decode(kubectl(admin, "get", "validatingwebhookconfiguration", fullname, "-o",
+                                          "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout)
+        assert bundle == base64.b64decode(renewed["ca.crt"]) + base64.b64decode(tls["ca.crt"])
         assert apps_v1.read_namespaced_deployment(fullname, release_namespace).metadata.generation == gen
         helm(admin, "upgrade", release, str(CHART), "--namespace", release_namespace, "--set", "resyncSeconds=30")
         after = apps_v1.read_namespaced_deployment(fullname, release_namespace)
@@ -188,6 +201,34 @@ def test_helm_install_rbac_suffices_and_is_minimal(kube_cluster, crd, release_na
     gone = kubectl(admin, "get", "clusterrole", fullname, f"{fullname}-discovery", check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
     assert not apps_v1.list_namespaced_deployment(release_namespace).items
+
+
+def test_the_cert_manager_objects_are_what_cert_manager_accepts(kube_cluster, release_namespace, tmp_path):
+    """webhook.certManager: the chart's Certificates and Issuers against cert-manager's own CRDs
+    (deploy/crds of the pinned module, e2e/controlplane/build.sh), by a server-side dry-run
+    with strict field validation (an unknown field is refused: shown on a misspelt one)."""
+    admin = kube_cluster.kubeconfig
+    crds = load_local_cluster_module().bin_dirs()["cert-manager"] / "crds"
+    if not crds.is_dir():
+        pytest.skip("cert-manager CRDs not fetched: run e2e/controlplane/build.sh")
+    kubectl(admin, "apply", "--server-side", "-f", str(crds))
+    try:
+        kubectl(admin, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
+        rendered = helm(admin, "template", f"pdc-{uid()}", str(CHART), "--namespace", release_namespace,
+                        "--set", "webhook.certManager.enabled=true").stdout
+        docs = [d for d in yaml.safe_load_all(rendered) if d and d["apiVersion"].startswith("cert-manager.io/")]
+        assert sorted(d["kind"] for d in docs) == ["Certificate", "Certificate", "Issuer", "Issuer"]
+        good = tmp_path / "cert-manager.yaml"
+        good.write_text(yaml.safe_dump_all(docs))
+        kubectl(admin, "apply", "--dry-run=server", "--validate=strict", "-f", str(good))
+        serving = next(d for d in docs if d["kind"] == "Certificate" and not d["spec"].get("isCA"))
+        serving["spec"]["dnsName"] = serving["spec"].pop("dnsNames")
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(yaml.safe_dump(serving))
+        r = kubectl(admin, "apply", "--dry-run=server", "--validate=strict", "-f", str(bad), check=False)
+        assert r.returncode != 0 and 'unknown field "spec.dnsName"' in r.stderr, r.stderr
+    finally:
+        kubectl(admin, "delete", "--wait=false", "-f", str(crds), check=False)
 
 
 def test_helm_namespace_scope(kube_cluster, crd, release_namespace, namespace, tmp_path, custom_objects, api_client):

@@ -257,6 +257,97 @@ def test_the_admission_webhook_is_wired_and_never_blocks_the_cluster():
                 if d and d["kind"] == "ValidatingWebhookConfiguration"]  # kubectl install: no certificate to give it
 
 
+@needs_helm
+def test_cert_manager_can_issue_and_renew_the_webhook_certificate():
+    """webhook.certManager: a cert-manager Certificate makes the Secret the pods mount (the
+    chart makes none), signed by a CA of the chart's own (a selfSigned Issuer signs a CA
+    Certificate, a CA Issuer signs the serving one, so a renewal keeps the CA the API server
+    trusts), and the CA injector writes the caBundle (cert-manager pkg/apis/certmanager/v1
+    types.go WantInjectAnnotation). A given issuer replaces the chart's CA."""
+    docs = template("webhook.certManager.enabled=true")
+    (cfg,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    assert "caBundle" not in cfg["webhooks"][0]["clientConfig"]
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    certs = {c["metadata"]["name"]: c for c in by_kind(docs, "Certificate")}
+    issuers = {i["metadata"]["name"]: i for i in by_kind(docs, "Issuer")}
+    assert cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "pd-operator-system/pd-operator-webhook"
+    serving = certs["pd-operator-webhook"]
+    (deploy,) = by_kind(docs, "Deployment")
+    mounted = {v["secret"]["secretName"] for v in deploy["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    assert serving["spec"]["secretName"] in mounted
+    assert "pd-operator-webhook.pd-operator-system.svc" in serving["spec"]["dnsNames"]
+    ca_issuer = issuers[serving["spec"]["issuerRef"]["name"]]
+    ca = next(c for c in certs.values() if c["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"])
+    assert ca["spec"]["isCA"] is True and "selfSigned" in issuers[ca["spec"]["issuerRef"]["name"]]["spec"]
+    docs = template("webhook.certManager.enabled=true", "webhook.certManager.issuerRef.name=corp-ca",
+                    "webhook.certManager.issuerRef.kind=ClusterIssuer")
+    assert not by_kind(docs, "Issuer")
+    (serving,) = by_kind(docs, "Certificate")
+    assert serving["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+
+
+@needs_helm
+def test_the_helm_made_webhook_certificate_is_renewed_before_it_expires_without_a_gap(tmp_path):
+    """Before, the chart's certificate was made once, valid 10 years, and never renewed. Now
+    helm upgrade keeps it while more than webhook.certificate.renewDaysBefore days are left
+    (its date kept in the Secret's annotation) and makes a new CA and certificate past that;
+    the caBundle then holds the old CA as well, so the API server accepts the certificate a
+    pod serves until it reads the renewed Secret. The lookup's result is handed to the
+    same helper webhook.yaml calls."""
+    import base64
+    import datetime as dt
+    import shutil
+
+    webhook = (CHART / "templates" / "webhook.yaml").read_text()
+    assert 'include "pd-operator.webhookCert" (list . (lookup "v1" "Secret" .Release.Namespace $secretName) $dns)' in webhook
+    copy = tmp_path / "pd-operator"
+    shutil.copytree(CHART, copy)
+    dns = ["pd-operator-webhook", "pd-operator-webhook.ns", "pd-operator-webhook.ns.svc"]
+
+    def cert(existing: dict, *sets: str) -> dict:
+        (copy / "templates" / "zz-cert.yaml").write_text(
+            '{{- include "pd-operator.fillDefaults" . -}}\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\n'
+            'data:\n  cert: {{ include "pd-operator.webhookCert" (list . (%s | fromJson) (%s | fromJsonArray)) | quote }}\n'
+            % (json.dumps(json.dumps(existing)), json.dumps(json.dumps(dns))))
+        argv = ["template", "pd-operator", str(copy), "--namespace", "ns", "--show-only", "templates/zz-cert.yaml"]
+        for s in sets:
+            argv += ["--set", s]
+        return json.loads(yaml.safe_load(helm(*argv).stdout)["data"]["cert"])
+
+    def secret(made: dict, not_after: str | None) -> dict:
+        meta = {"annotations": {"pdserving.io/webhook-certificate-not-after": not_after}} if not_after else {}
+        return {"metadata": meta, "data": {"tls.crt": made["crt"], "tls.key": made["key"], "ca.crt": made["ca"]}}
+
+    def verify(ca_b64: str, crt_b64: str) -> bool:
+        (tmp_path / "ca.pem").write_bytes(base64.b64decode(ca_b64))
+        (tmp_path / "crt.pem").write_bytes(base64.b64decode(crt_b64))
+        return subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"), str(tmp_path / "crt.pem")],
+                              capture_output=True).returncode == 0
+
+    def days_left(date: str) -> float:
+        return (dt.datetime.fromisoformat(date.replace("Z", "+00:00")) - dt.datetime.now(dt.timezone.utc)).days
+
+    first = cert({})  # a first install (or helm template: lookup finds nothing)
+    assert first["bundle"] == first["ca"] and verify(first["ca"], first["crt"])
+    assert 3649 <= days_left(first["notAfter"]) <= 3650
+    end = subprocess.run(["openssl", "x509", "-noout", "-enddate"], input=base64.b64decode(first["crt"]),
+                         capture_output=True).stdout.decode()  # notAfter=Nov 30 03:07:55 2036 GMT
+    assert dt.datetime.strptime(end.strip().split("=", 1)[1], "%b %d %H:%M:%S %Y %Z").date().isoformat() \
+        == first["notAfter"][:10]
+    far = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1000)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert cert(secret(first, far)) == {**first, "notAfter": far}  # an upgrade keeps it
+    near = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for old in (secret(first, near), secret(first, None)):  # 30 days left; a Secret of an older chart
+        new = cert(old)
+        assert new["crt"] != first["crt"] and new["ca"] != first["ca"] and 3649 <= days_left(new["notAfter"])
+        # the API server trusts both while the pods move; the Secret's CA is the new one alone
+        assert verify(new["bundle"], new["crt"]) and verify(new["bundle"], first["crt"])
+        assert verify(new["ca"], new["crt"]) and not verify(new["ca"], first["crt"])
+    assert cert(secret(first, near), "webhook.certificate.renewDaysBefore=7")["crt"] == first["crt"]
+    assert cert(secret(first, far), "webhook.certificate.renewDaysBefore=36500")["crt"] != first["crt"]  # at once
+    assert 29 <= days_left(cert({}, "webhook.certificate.validityDays=30")["notAfter"]) <= 30
+
+
 def _rules(docs):
     for d in docs:
         if d["kind"] in ("ClusterRole", "Role"):

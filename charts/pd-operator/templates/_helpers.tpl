@@ -125,3 +125,36 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- fail (printf "the Lease %s/%s is held by %q, an operator of another release: replicas sharing a Lease have one writer among them, so this release would never serve its namespaces; set leaderElection.leaseName to a name of its own" $root.Release.Namespace $root.Values.leaderElection.leaseName $holder) -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The webhook's serving certificate, key and CA (base64), the caBundle the API server
+     is given and the certificate's not-after date, as JSON. Arguments: the root context,
+     the Secret lookup found (empty: none yet, or helm template / GitOps, where lookup
+     finds nothing) and the certificate's DNS names. The Secret's pair is kept across
+     upgrades while more than webhook.certificate.renewDaysBefore days are left (its date
+     is the Secret's annotation; one made by an older chart has none and is made anew). A
+     new pair gets a new CA, and the caBundle then carries the old CA too: the pods serve
+     the old certificate until the kubelet updates the mounted Secret and the operator
+     reads it again (within 30 s), and the API server must trust both meanwhile. */}}
+{{- define "pd-operator.webhookCert" -}}
+{{- $ := index . 0 }}{{- $existing := index . 1 | default dict }}{{- $dns := index . 2 }}
+{{- $c := $.Values.webhook.certificate }}
+{{- $data := get $existing "data" | default dict }}
+{{- $notAfter := dig "metadata" "annotations" "pdserving.io/webhook-certificate-not-after" "" $existing }}
+{{- $oldCA := get $data "ca.crt" | default "" }}
+{{- $keep := and $oldCA (get $data "tls.crt") (get $data "tls.key") $notAfter }}
+{{- if $keep }}
+{{- $left := sub (toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch) (now | unixEpoch) }}
+{{- if lt $left (mul (int $c.renewDaysBefore) 86400) }}{{- $keep = false }}{{- end }}
+{{- end }}
+{{- if $keep }}
+{{- dict "crt" (get $data "tls.crt") "key" (get $data "tls.key") "ca" $oldCA "bundle" $oldCA "notAfter" $notAfter | toJson }}
+{{- else }}
+{{- $days := int $c.validityDays }}
+{{- $ca := genCA (printf "%s-webhook-ca" (include "pd-operator.fullname" $)) $days }}
+{{- $cert := genSignedCert (index $dns 2) nil $dns $days $ca }}
+{{- $bundle := $ca.Cert }}
+{{- if $oldCA }}{{- $bundle = printf "%s%s" $ca.Cert ($oldCA | b64dec) }}{{- end }}
+{{- $after := dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "+%dh" (mul $days 24))) "UTC" }}
+{{- dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($ca.Cert | b64enc) "bundle" ($bundle | b64enc) "notAfter" $after | toJson }}
+{{- end }}
+{{- end }}
