@@ -698,12 +698,14 @@ def test_a_release_upgraded_with_reuse_values_keeps_the_free_gpu_cap():
 
 
 def _without_certificates(docs: list[dict]) -> list[dict]:
-    """The rendering minus what differs at every render (the webhook's new CA and certificate)."""
+    """The rendering minus what differs at every render (the webhook's new CA and certificate,
+    and its date)."""
     out = []
     for d in docs:
         d = json.loads(json.dumps(d))
         if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-webhook-tls"):
             d["data"] = {}
+            d["metadata"]["annotations"].pop("pdserving.io/webhook-certificate-not-after")
         for hook in d.get("webhooks") or []:
             hook["clientConfig"].pop("caBundle", None)
         out.append(d)
