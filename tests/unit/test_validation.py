@@ -328,7 +328,7 @@ def test_an_sglang_max_total_tokens_that_leaves_no_pool_is_refused():
     """SGLang caps each worker's pool at min(profiled, --max-total-tokens)
     (mem_cache/kv_cache_configurator.py _apply_token_constraints) and refuses to start on an
     empty one (model_executor/pool_configurator.py "Not enough memory"): 0 is refused at
-    admission, naming the pool's field; any positive count passes."""
+    admission, naming the pool's field, and so is less than one --page-size."""
     from pd_operator.render import render
 
     with pytest.raises(SpecError) as info:
@@ -339,3 +339,8 @@ def test_an_sglang_max_total_tokens_that_leaves_no_pool_is_refused():
         render(validate_service(minimal("sglang", engine={"kind": "sglang", "extraArgs": ["--max-total-tokens=0"]})))
     assert "spec.engine.extraArgs" in dict(info.value.problems)
     render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "1k"]})))
+    # rounded down to whole pages: under one page is none (found by a review)
+    with pytest.raises(SpecError) as info:
+        render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "32", "--page-size", "64"]})))
+    assert "no page of 64 tokens" in dict(info.value.problems)["spec.decode.extraArgs"]
+    render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "64", "--page-size", "64"]})))

@@ -204,12 +204,15 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             event(body, "Warning", "ApplyFailed", apply_error)
             break
         except Exception as err:  # a timeout or a dropped connection: the write's fate is unknown
-            # the children this pass created are deleted all the same, or the retry would find a
-            # pool, take the service as an existing one and no longer undo; the error is raised
-            # again for the retry (the undo's own deletes fail too when the API server is gone)
-            if created:
-                event(body, "Warning", "ApplyFailed",
-                      f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err}" + _undo_creation(kube, namespace, name, created))
+            # the children this pass created are deleted all the same, and this one too when it
+            # was absent (its write may have landed before the answer was lost; a delete of what
+            # is not there is a 404, ignored), or the retry would find a pool, take the service
+            # as an existing one and no longer undo; the error is raised again for the retry
+            # (the undo's own deletes fail too when the API server is gone)
+            key = (obj["kind"], obj["metadata"]["name"])
+            if created or key in absent:
+                event(body, "Warning", "ApplyFailed", f"applying {key[0]}/{key[1]} failed: {err}"
+                      + _undo_creation(kube, namespace, name, created + ([key] if key in absent else [])))
             raise
     if not current and apply_error is None:
         event(body, "Normal", "Created", f"created {len(objs)} objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs))
