@@ -168,7 +168,7 @@ def binary(name: str) -> Path:
 def binaries_present() -> bool:
     return all(binary(n).is_file() for n in (
         "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-        "etcd", "kwok", "kwokctl", "lws-controller")) and (bin_dirs()["cert-manager"] / "crds").is_dir()
+        "etcd", "kwok", "kwokctl", "lws-controller"))
 
 
 def ensure_built() -> None:

@@ -227,11 +227,13 @@ build_lws() {
 fetch_cert_manager_crds() {
   # The CRDs only (the chart's webhook.certManager objects are checked against them by
   # the API server); downloaded from the module proxy, outside any module.
-  local tmp="$CERT_MANAGER_DIR.tmp.$$" moddir
+  local tmp="$CERT_MANAGER_DIR.tmp.$$" out moddir
   rm -rf "$tmp"; mkdir -p "$tmp/crds"
-  moddir="$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" \
-    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [[ -n "$moddir" ]] || { log "cert-manager $CERT_MANAGER_VERSION: go mod download gave no directory"; return 1; }
+  if ! out="$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" 2>&1)"; then
+    log "cert-manager $CERT_MANAGER_VERSION: go mod download failed: $out"; return 1
+  fi
+  moddir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$out")"
+  [[ -n "$moddir" ]] || { log "cert-manager $CERT_MANAGER_VERSION: go mod download gave no directory: $out"; return 1; }
   cp "$moddir"/deploy/crds/cert-manager.io_*.yaml "$tmp/crds/"
   chmod -R u+w "$tmp"
   rm -rf "$CERT_MANAGER_DIR"; mv "$tmp" "$CERT_MANAGER_DIR"

@@ -185,6 +185,13 @@ def test_helm_install_rbac_suffices_and_is_minimal(kube_cluster, crd, release_na
                                           "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout)
         assert bundle == base64.b64decode(renewed["ca.crt"]) + base64.b64decode(tls["ca.crt"])
         assert apps_v1.read_namespaced_deployment(fullname, release_namespace).metadata.generation == gen
+        # set back at once (as the values' comment says): the pair is kept, and so is the old CA
+        # in the bundle for its hour
+        helm(admin, "upgrade", release, str(CHART), "--namespace", release_namespace, "--reuse-values",
+             "--set", "webhook.certificate.renewDaysBefore=90")
+        assert core_v1.read_namespaced_secret(f"{fullname}-webhook-tls", release_namespace).data == renewed
+        assert base64.b64decode(kubectl(admin, "get", "validatingwebhookconfiguration", fullname, "-o",
+                                        "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout) == bundle
         helm(admin, "upgrade", release, str(CHART), "--namespace", release_namespace, "--set", "resyncSeconds=30")
         after = apps_v1.read_namespaced_deployment(fullname, release_namespace)
         assert after.metadata.generation == gen + 1

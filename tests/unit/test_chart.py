@@ -279,6 +279,13 @@ def test_cert_manager_can_issue_and_renew_the_webhook_certificate():
     ca_issuer = issuers[serving["spec"]["issuerRef"]["name"]]
     ca = next(c for c in certs.values() if c["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"])
     assert ca["spec"]["isCA"] is True and "selfSigned" in issuers[ca["spec"]["issuerRef"]["name"]]["spec"]
+    # a renewed CA keeps its key, so what it signed stays valid under either caBundle
+    assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never"
+    # cert-manager leaves the Secret behind: Helm may take it over (helm pkg/action/validate.go)
+    template_ = serving["spec"]["secretTemplate"]
+    assert template_["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
+    assert template_["annotations"] == {"meta.helm.sh/release-name": "pd-operator",
+                                        "meta.helm.sh/release-namespace": "pd-operator-system"}
     docs = template("webhook.certManager.enabled=true", "webhook.certManager.issuerRef.name=corp-ca",
                     "webhook.certManager.issuerRef.kind=ClusterIssuer")
     assert not by_kind(docs, "Issuer")
@@ -316,7 +323,11 @@ def test_the_helm_made_webhook_certificate_is_renewed_before_it_expires_without_
 
     def secret(made: dict, not_after: str | None) -> dict:
         meta = {"annotations": {"pdserving.io/webhook-certificate-not-after": not_after}} if not_after else {}
-        return {"metadata": meta, "data": {"tls.crt": made["crt"], "tls.key": made["key"], "ca.crt": made["ca"]}}
+        data = {"tls.crt": made["crt"], "tls.key": made["key"], "ca.crt": made["ca"]}
+        if made.get("previous"):  # what webhook.yaml writes
+            meta["annotations"]["pdserving.io/webhook-previous-ca-until"] = made["previousUntil"]
+            data["ca-previous.crt"] = made["previous"]
+        return {"metadata": meta, "data": data}
 
     def verify(ca_b64: str, crt_b64: str) -> bool:
         (tmp_path / "ca.pem").write_bytes(base64.b64decode(ca_b64))
@@ -328,7 +339,7 @@ def test_the_helm_made_webhook_certificate_is_renewed_before_it_expires_without_
         return (dt.datetime.fromisoformat(date.replace("Z", "+00:00")) - dt.datetime.now(dt.timezone.utc)).days
 
     first = cert({})  # a first install (or helm template: lookup finds nothing)
-    assert first["bundle"] == first["ca"] and verify(first["ca"], first["crt"])
+    assert first["bundle"] == first["ca"] and verify(first["ca"], first["crt"]) and not first["previous"]
     assert 3649 <= days_left(first["notAfter"]) <= 3650
     end = subprocess.run(["openssl", "x509", "-noout", "-enddate"], input=base64.b64decode(first["crt"]),
                          capture_output=True).stdout.decode()  # notAfter=Nov 30 03:07:55 2036 GMT
@@ -343,6 +354,15 @@ def test_the_helm_made_webhook_certificate_is_renewed_before_it_expires_without_
         # the API server trusts both while the pods move; the Secret's CA is the new one alone
         assert verify(new["bundle"], new["crt"]) and verify(new["bundle"], first["crt"])
         assert verify(new["ca"], new["crt"]) and not verify(new["ca"], first["crt"])
+        assert new["previous"] == first["ca"] and 0 < (dt.datetime.fromisoformat(new["previousUntil"].replace(
+            "Z", "+00:00")) - dt.datetime.now(dt.timezone.utc)).total_seconds() <= 3600
+    # an upgrade within the hour keeps the old CA in the bundle (found by a review: the next
+    # upgrade dropped it, the pods perhaps still serving the old certificate); after it, not
+    again = cert(secret(new, new["notAfter"]))
+    assert again == new and verify(again["bundle"], first["crt"])
+    past = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    later = cert(secret({**new, "previousUntil": past}, new["notAfter"]))
+    assert later["bundle"] == new["ca"] and not later["previous"] and later["crt"] == new["crt"]
     assert cert(secret(first, near), "webhook.certificate.renewDaysBefore=7")["crt"] == first["crt"]
     assert cert(secret(first, far), "webhook.certificate.renewDaysBefore=36500")["crt"] != first["crt"]  # at once
     assert 29 <= days_left(cert({}, "webhook.certificate.validityDays=30")["notAfter"]) <= 30

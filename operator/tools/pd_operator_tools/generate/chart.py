@@ -212,7 +212,10 @@ class IssuerRef(_M):
     """A cert-manager issuer."""
 
     name: str = Field("", max_length=253, description="Its name. Empty: the chart makes a self-signed CA "
-                                                      "(an Issuer and a CA Certificate in the release namespace).")
+                                                      "(an Issuer and a CA Certificate in the release namespace). "
+                                                      "It must give the CA in the Secret's ca.crt (a CA or Vault "
+                                                      "issuer does; ACME does not), which the CA injector copies "
+                                                      "into the caBundle.")
     kind: Literal["Issuer", "ClusterIssuer"] = Field("Issuer", description="Issuer (in the release namespace) "
                                                                            "or ClusterIssuer.")
     group: str = Field("cert-manager.io", description="Its API group.")
