@@ -429,15 +429,18 @@ def test_a_refused_write_undoes_only_children_the_pass_created():
 
 
 class TimeoutApi(FakeApi):
-    """One write times out (urllib3's read timeout): not an API error, the write's fate
-    unknown. ``landed``: the API server stored it before the answer was lost. ``first``: the
-    pass's first write times out, else the decode StatefulSet's."""
+    """One write times out: urllib3's read timeout (not an API error), or the API server's
+    504 ("the server was unable to return a response in the time allotted, but may still be
+    processing the request"); the write's fate unknown. ``landed``: the API server stored it
+    before the answer was lost. ``first``: the pass's first write times out, else the decode
+    StatefulSet's."""
 
-    def __init__(self, landed: bool, first: bool):
+    def __init__(self, landed: bool, first: bool, status: int | None = None):
         super().__init__()
-        self.timeouts, self.landed, self.first = 1, landed, first
+        self.timeouts, self.landed, self.first, self.status = 1, landed, first, status
 
     def apply(self, obj, manager=FIELD_MANAGER, dry_run=False):
+        from kubernetes.client.rest import ApiException
         from urllib3.exceptions import ReadTimeoutError
 
         if not dry_run and self.timeouts and (self.first or (obj["kind"] == "StatefulSet"
@@ -445,6 +448,8 @@ class TimeoutApi(FakeApi):
             self.timeouts -= 1
             if self.landed:
                 super().apply(obj, manager=manager, dry_run=dry_run)
+            if self.status:
+                raise ApiException(status=self.status, reason="Timeout")
             raise ReadTimeoutError(None, "/apis", "Read timed out. (read timeout=60)")
         return super().apply(obj, manager=manager, dry_run=dry_run)
 
@@ -471,4 +476,17 @@ def test_a_write_that_times_out_leaves_nothing_of_a_new_service_and_the_retry_cr
         assert ("apply", "StatefulSet") in api.calls and "StatefulSet/svc-decode" in failed[0]
     run(api)
     assert {k[0] for k in api.objects} >= {"StatefulSet", "Service", "Deployment"}
+    assert sum(1 for k in api.objects if k[0] == "StatefulSet") == 2
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_a_write_answered_504_after_it_landed_is_undone_with_the_others(first):
+    """An API error of 5xx may follow a write that landed: the object, absent before the pass,
+    is deleted with the children the pass created (found by a review)."""
+    api = TimeoutApi(landed=True, first=first, status=504)
+    add_service(api)
+    _, events = run(api)
+    assert api.objects == {}, sorted(api.objects)
+    assert any(r == "ApplyFailed" and "504" in m and "were deleted" in m for _, r, m in events), events
+    run(api)
     assert sum(1 for k in api.objects if k[0] == "StatefulSet") == 2

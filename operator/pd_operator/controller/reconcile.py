@@ -199,8 +199,12 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             # what the dry-runs accepted no longer holds (a quota filled, a policy added): the
             # namespace's kept verdicts are dropped, so the next pass asks the API server again
             ACCEPTED.forget(namespace)
-            if created:
-                apply_error += _undo_creation(kube, namespace, name, created)
+            # a 5xx (a 504 "may still be processing the request", an etcd timeout) may follow a
+            # write that landed: an object absent before the pass is undone with the others
+            key = (obj["kind"], obj["metadata"]["name"])
+            landed = [key] if key in absent and (err.status or 0) >= 500 else []
+            if created or landed:
+                apply_error += _undo_creation(kube, namespace, name, created + landed)
             event(body, "Warning", "ApplyFailed", apply_error)
             break
         except Exception as err:  # a timeout or a dropped connection: the write's fate is unknown
