@@ -227,7 +227,9 @@ class CertManager(_M):
     enabled: bool = Field(False, description="A cert-manager Certificate makes the webhook's Secret and renews "
                                              "it; cert-manager's CA injector writes the webhook configuration's "
                                              "caBundle; the operator serves a renewed certificate within 30 s of "
-                                             "the kubelet updating the mounted Secret.")
+                                             "the kubelet updating the mounted Secret. Turning it on over a "
+                                             "release with Helm's certificate leaves admission unchecked (failure "
+                                             "policy Ignore) until cert-manager has issued and the pods read it.")
     issuer_ref: IssuerRef = Field(default_factory=IssuerRef, alias="issuerRef",
                                   description="Issuer of the serving certificate.")
 
