@@ -471,7 +471,11 @@ def test_a_write_that_times_out_leaves_nothing_of_a_new_service_and_the_retry_cr
         reconcile(api, api.get_service(NS, "svc"), lambda b, t, r, m: events.append((t, r, m)))
     assert api.objects == {}, sorted(api.objects)
     failed = [m for t, r, m in events if r == "ApplyFailed"]
-    assert failed and "were deleted" in failed[0], events
+    if first and not landed:  # nothing was written: nothing to undo
+        assert not failed and not [c for c in api.calls if c[0] == "delete"], events
+    else:
+        assert failed and "were deleted" in failed[0], events
+        assert ("whose write landed" in failed[0]) == landed, failed[0]
     if not first:
         assert ("apply", "StatefulSet") in api.calls and "StatefulSet/svc-decode" in failed[0]
     run(api)
@@ -490,3 +494,40 @@ def test_a_write_answered_504_after_it_landed_is_undone_with_the_others(first):
     assert any(r == "ApplyFailed" and "504" in m and "were deleted" in m for _, r, m in events), events
     run(api)
     assert sum(1 for k in api.objects if k[0] == "StatefulSet") == 2
+
+
+def test_a_write_of_unknown_fate_never_deletes_what_someone_else_had_there():
+    """The cache holds only objects with the operator's labels, so an unlabelled Service of a
+    child's name reads absent; an apply that lands on it and then times out must not delete
+    it (found by a review): its other field manager shows it was there before."""
+    api = TimeoutApi(landed=True, first=False)
+    add_service(api)
+    theirs = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "namespace": NS, "name": "svc-decode", "labels": {},
+        "annotations": {"team": "infra"},
+        "managedFields": [{"manager": "kubectl-client-side-apply", "operation": "Update",
+                           "fieldsV1": ["metadata.annotations.team"]}]}}
+    api.objects[("Service", NS, "svc-decode")] = theirs  # what the cache does not see
+
+    class Cached:  # the cache answers these kinds from what it saw: nothing of this name
+        kube = api
+
+        def __getattr__(self, name):
+            return getattr(api, name)
+
+        def get(self, kind, namespace, name):
+            return None if kind == "Service" else api.get(kind, namespace, name)
+
+    from urllib3.exceptions import ReadTimeoutError
+
+    def apply(obj, manager=FIELD_MANAGER, dry_run=False):  # the Service's write lands, then times out
+        if not dry_run and obj["kind"] == "Service" and obj["metadata"]["name"] == "svc-decode" and api.timeouts:
+            api.timeouts -= 1
+            FakeApi.apply(api, obj, manager=manager, dry_run=dry_run)
+            raise ReadTimeoutError(None, "/api", "Read timed out.")
+        return FakeApi.apply(api, obj, manager=manager, dry_run=dry_run)
+
+    api.apply = apply
+    with pytest.raises(ReadTimeoutError):
+        reconcile(Cached(), api.get_service(NS, "svc"), lambda b, t, r, m: None)
+    assert ("Service", NS, "svc-decode") in api.objects  # theirs, now with the operator's fields too

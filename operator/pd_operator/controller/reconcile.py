@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from kubernetes.client.rest import ApiException
 
 from ..api import SpecError, validate_service
-from ..api.constants import API_VERSION, GROUP, KIND
+from ..api.constants import API_VERSION, GROUP, KIND, LABEL_MANAGED_BY, LABEL_SERVICE
 from ..render import render
 from ..render.common import child_name, selector_labels
 from ..render.pools import pool_kind
@@ -201,22 +201,20 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
             ACCEPTED.forget(namespace)
             # a 5xx (a 504 "may still be processing the request", an etcd timeout) may follow a
             # write that landed: an object absent before the pass is undone with the others
-            key = (obj["kind"], obj["metadata"]["name"])
-            landed = [key] if key in absent and (err.status or 0) >= 500 else []
+            landed = _landed(kube, namespace, name, obj, absent) if (err.status or 0) >= 500 else []
             if created or landed:
-                apply_error += _undo_creation(kube, namespace, name, created + landed)
+                apply_error += _undo_creation(kube, namespace, name, created, landed)
             event(body, "Warning", "ApplyFailed", apply_error)
             break
         except Exception as err:  # a timeout or a dropped connection: the write's fate is unknown
-            # the children this pass created are deleted all the same, and this one too when it
-            # was absent (its write may have landed before the answer was lost; a delete of what
-            # is not there is a 404, ignored), or the retry would find a pool, take the service
-            # as an existing one and no longer undo; the error is raised again for the retry
-            # (the undo's own deletes fail too when the API server is gone)
-            key = (obj["kind"], obj["metadata"]["name"])
-            if created or key in absent:
-                event(body, "Warning", "ApplyFailed", f"applying {key[0]}/{key[1]} failed: {err}"
-                      + _undo_creation(kube, namespace, name, created + ([key] if key in absent else [])))
+            # the children this pass created are deleted all the same, and this one too when its
+            # write landed before the answer was lost (_landed), or the retry would find a pool,
+            # take the service as an existing one and no longer undo; the error is raised again
+            # for the retry (the undo's own deletes fail too when the API server is gone)
+            landed = _landed(kube, namespace, name, obj, absent)
+            if created or landed:
+                event(body, "Warning", "ApplyFailed", f"applying {obj['kind']}/{obj['metadata']['name']} failed: {err}"
+                      + _undo_creation(kube, namespace, name, created, landed))
             raise
     if not current and apply_error is None:
         event(body, "Normal", "Created", f"created {len(objs)} objects: " + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs))
@@ -254,22 +252,47 @@ def _reconcile(kube: Kube, body: dict, event: EventFn) -> dict:
     return status
 
 
-def _undo_creation(kube: Kube, namespace: str, service: str, created: list[tuple[str, str]]) -> str:
+def _landed(kube: Kube, namespace: str, service: str, obj: dict, absent: set) -> list[tuple[str, str]]:
+    """The child whose write failed with its fate unknown (a timeout, a 5xx), as a list of one
+    to undo when that write landed: absent before the pass, and now there with this service's
+    labels and written by this operator's managers alone. Read from the API server, not the
+    cache (which holds only objects with the operator's labels, so an object of someone
+    else's of that name reads absent there; an apply that landed on it adds the labels, and
+    its other managers then tell it apart, unless the apply took over every field they had).
+    Nothing when the read fails too."""
+    key = (obj["kind"], obj["metadata"]["name"])
+    if key not in absent:
+        return []
+    try:
+        there = getattr(kube, "kube", kube).get(key[0], namespace, key[1])  # CachedKube: the API server's
+    except Exception:  # noqa: BLE001 - the API server still unreachable: leave it to the retry
+        return []
+    meta = (there or {}).get("metadata") or {}
+    labels = meta.get("labels") or {}
+    managers = {e.get("manager") for e in meta.get("managedFields") or [] if e.get("subresource") != "status"}
+    ours = labels.get(LABEL_SERVICE) == service and labels.get(LABEL_MANAGED_BY) == FIELD_MANAGER
+    return [key] if there and ours and managers <= {FIELD_MANAGER, REPLICAS_MANAGER} else []
+
+
+def _undo_creation(kube: Kube, namespace: str, service: str, created: list[tuple[str, str]],
+                   landed: list[tuple[str, str]] = ()) -> str:
     """All or nothing for a service created now (it had no pool): the children this pass
     created before an apply failed are deleted, so the service is not left half-created (its
     dry-runs passed, or their verdicts were kept, and the API server refused a later write
-    anyway). Only children absent before the pass: nothing that served before is touched.
-    Returns what to add to the failure's message."""
+    anyway), and ``landed``, the one whose write failed after it landed (``_landed``). Only
+    children absent before the pass: nothing that served before is touched. Returns what to
+    add to the failure's message."""
     left = []
-    for kind, obj_name in reversed(created):
+    for kind, obj_name in reversed([*created, *landed]):
         try:
             kube.delete(kind, namespace, obj_name)
         except Exception:  # noqa: BLE001 - the API server unreachable, or this replica no longer leads
             left.append(f"{kind}/{obj_name}")
     OWNED.forget(namespace, service)
     if left:
-        return f"; of the children it created before, these could not be deleted: {', '.join(left)}"
-    return f"; the {len(created)} children it created before were deleted (nothing of the service is left)"
+        return f"; of the children it created, these could not be deleted: {', '.join(left)}"
+    also = f" and {', '.join(f'{k}/{n}' for k, n in landed)}, whose write landed" if landed else ""
+    return f"; the {len(created)} children it created before{also} were deleted (nothing of the service is left)"
 
 
 def _apply_pool(kube: Kube, svc, sts: dict, role: str, current: int | None, stale: bool, desired: int) -> str | None:
