@@ -181,6 +181,7 @@ def test_helm_install_rbac_suffices_and_is_minimal(kube_cluster, crd, release_na
              "--set", "webhook.certificate.renewDaysBefore=36500")
         renewed = core_v1.read_namespaced_secret(f"{fullname}-webhook-tls", release_namespace).data
         assert renewed["tls.crt"] != tls["tls.crt"] and renewed["ca.crt"] != tls["ca.crt"]
+        assert renewed["ca-previous.crt"] == tls["ca.crt"]
         bundle = base64.b64decode(kubectl(admin, "get", "validatingwebhookconfiguration", fullname, "-o",
                                           "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout)
         assert bundle == base64.b64decode(renewed["ca.crt"]) + base64.b64decode(tls["ca.crt"])

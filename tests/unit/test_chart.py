@@ -286,6 +286,10 @@ def test_cert_manager_can_issue_and_renew_the_webhook_certificate():
     assert template_["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
     assert template_["annotations"] == {"meta.helm.sh/release-name": "pd-operator",
                                         "meta.helm.sh/release-namespace": "pd-operator-system"}
+    # a release named 123 stays a string there (the Certificate's schema takes strings only)
+    out = helm("template", "123", str(CHART), "--namespace", "ns", "--set", "webhook.certManager.enabled=true").stdout
+    (named,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Certificate" and "secretTemplate" in d["spec"]]
+    assert named["spec"]["secretTemplate"]["annotations"]["meta.helm.sh/release-name"] == "123"
     docs = template("webhook.certManager.enabled=true", "webhook.certManager.issuerRef.name=corp-ca",
                     "webhook.certManager.issuerRef.kind=ClusterIssuer")
     assert not by_kind(docs, "Issuer")
@@ -321,8 +325,12 @@ def test_the_helm_made_webhook_certificate_is_renewed_before_it_expires_without_
             argv += ["--set", s]
         return json.loads(yaml.safe_load(helm(*argv).stdout)["data"]["cert"])
 
-    def secret(made: dict, not_after: str | None) -> dict:
-        meta = {"annotations": {"pdserving.io/webhook-certificate-not-after": not_after}} if not_after else {}
+    def secret(made: dict, not_after: str | None) -> dict:  # as webhook.yaml writes it
+        import hashlib
+
+        meta = {"annotations": {"pdserving.io/webhook-certificate-not-after": not_after,
+                                "pdserving.io/webhook-certificate-sha256": hashlib.sha256(made["crt"].encode()).hexdigest()}
+                } if not_after else {}
         data = {"tls.crt": made["crt"], "tls.key": made["key"], "ca.crt": made["ca"]}
         if made.get("previous"):  # what webhook.yaml writes
             meta["annotations"]["pdserving.io/webhook-previous-ca-until"] = made["previousUntil"]
@@ -363,6 +371,14 @@ def test_the_helm_made_webhook_certificate_is_renewed_before_it_expires_without_
     past = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     later = cert(secret({**new, "previousUntil": past}, new["notAfter"]))
     assert later["bundle"] == new["ca"] and not later["previous"] and later["crt"] == new["crt"]
+    # renewed again within the hour: the bundle keeps both CAs before it (found by a review)
+    third = cert(secret(new, new["notAfter"]), "webhook.certificate.renewDaysBefore=36500")
+    assert third["crt"] != new["crt"] and all(verify(third["bundle"], c) for c in (third["crt"], new["crt"], first["crt"]))
+    # a certificate someone else wrote under the chart's date (cert-manager, still issuing when
+    # certManager was turned off) is not kept: its own date is not the annotation's
+    swapped = secret(first, far)
+    swapped["data"]["tls.crt"] = new["crt"]
+    assert cert(swapped)["crt"] not in (first["crt"], new["crt"])
     assert cert(secret(first, near), "webhook.certificate.renewDaysBefore=7")["crt"] == first["crt"]
     assert cert(secret(first, far), "webhook.certificate.renewDaysBefore=36500")["crt"] != first["crt"]  # at once
     assert 29 <= days_left(cert({}, "webhook.certificate.validityDays=30")["notAfter"]) <= 30
@@ -726,6 +742,7 @@ def _without_certificates(docs: list[dict]) -> list[dict]:
         if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-webhook-tls"):
             d["data"] = {}
             d["metadata"]["annotations"].pop("pdserving.io/webhook-certificate-not-after")
+            d["metadata"]["annotations"].pop("pdserving.io/webhook-certificate-sha256")
         for hook in d.get("webhooks") or []:
             hook["clientConfig"].pop("caBundle", None)
         out.append(d)

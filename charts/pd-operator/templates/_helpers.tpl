@@ -131,12 +131,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
      which the bundle still holds it, as JSON. Arguments: the root context, the Secret lookup
      found (empty: none yet, or helm template / GitOps, where lookup finds nothing) and the
      certificate's DNS names. The Secret's pair is kept across upgrades while more than
-     webhook.certificate.renewDaysBefore days are left (its date is the Secret's annotation;
-     one made by an older chart or by cert-manager has none and is made anew). A new pair
-     gets a new CA, and for an hour the caBundle holds the old CA too, kept in the Secret
-     (ca-previous.crt) so that an upgrade within the hour keeps it: the pods serve the old
-     certificate until the kubelet updates the mounted Secret and the operator reads it again
-     (every 30 s), and the API server must trust both meanwhile. */}}
+     webhook.certificate.renewDaysBefore days are left (its date is the Secret's annotation,
+     valid for the certificate whose SHA-256 the Secret also notes: one made by an older
+     chart, or written by cert-manager, as when certManager was turned off while its
+     Certificate still issued, is made anew). A new pair gets a new CA, and for an hour the
+     caBundle holds the CAs before it too (one renewed within the hour of another keeps
+     both), kept in the Secret (ca-previous.crt) so that an upgrade within the hour keeps
+     them: the pods serve the old certificate until the kubelet updates the mounted Secret
+     and the operator reads it again (every 30 s), and the API server must trust both
+     meanwhile. */}}
 {{- define "pd-operator.webhookCert" -}}
 {{- $ := index . 0 }}{{- $existing := index . 1 | default dict }}{{- $dns := index . 2 }}
 {{- $c := $.Values.webhook.certificate }}
@@ -146,16 +149,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $oldCA := get $data "ca.crt" | default "" }}
 {{- $now := now | unixEpoch }}
 {{- $keep := and $oldCA (get $data "tls.crt") (get $data "tls.key") $notAfter }}
-{{- if $keep }}
-{{- $left := sub (toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch) $now }}
-{{- if lt $left (mul (int $c.renewDaysBefore) 86400) }}{{- $keep = false }}{{- end }}
+{{- if and $keep (ne (get $annotations "pdserving.io/webhook-certificate-sha256") (get $data "tls.crt" | sha256sum)) }}
+{{- $keep = false }}
 {{- end }}
-{{- if $keep }}
 {{- $previous := get $data "ca-previous.crt" | default "" }}
 {{- $until := get $annotations "pdserving.io/webhook-previous-ca-until" }}
 {{- if or (not $previous) (not $until) (le (sub (toDate "2006-01-02T15:04:05Z07:00" $until | unixEpoch) $now) 0) }}
 {{- $previous = "" }}{{- $until = "" }}
 {{- end }}
+{{- if $keep }}
+{{- $left := sub (toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch) $now }}
+{{- if lt $left (mul (int $c.renewDaysBefore) 86400) }}{{- $keep = false }}{{- end }}
+{{- end }}
+{{- if $keep }}
 {{- $bundle := $oldCA }}
 {{- if $previous }}{{- $bundle = printf "%s%s" ($oldCA | b64dec) ($previous | b64dec) | b64enc }}{{- end }}
 {{- dict "crt" (get $data "tls.crt") "key" (get $data "tls.key") "ca" $oldCA "bundle" $bundle "notAfter" $notAfter "previous" $previous "previousUntil" $until | toJson }}
@@ -163,13 +169,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $days := int $c.validityDays }}
 {{- $ca := genCA (printf "%s-webhook-ca" (include "pd-operator.fullname" $)) $days }}
 {{- $cert := genSignedCert (index $dns 2) nil $dns $days $ca }}
-{{- $bundle := $ca.Cert }}
-{{- $until := "" }}
-{{- if $oldCA }}
-{{- $bundle = printf "%s%s" $ca.Cert ($oldCA | b64dec) }}
+{{- $older := printf "%s%s" ($oldCA | b64dec) ($previous | b64dec) }}
+{{- $until = "" }}
+{{- if $older }}
 {{- $until = dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify "+1h") "UTC" }}
 {{- end }}
 {{- $after := dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "+%dh" (mul $days 24))) "UTC" }}
-{{- dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($ca.Cert | b64enc) "bundle" ($bundle | b64enc) "notAfter" $after "previous" $oldCA "previousUntil" $until | toJson }}
+{{- $olderB64 := "" }}{{- if $older }}{{- $olderB64 = $older | b64enc }}{{- end }}
+{{- dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($ca.Cert | b64enc) "bundle" (printf "%s%s" $ca.Cert $older | b64enc) "notAfter" $after "previous" $olderB64 "previousUntil" $until | toJson }}
 {{- end }}
 {{- end }}
