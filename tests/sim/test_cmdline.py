@@ -65,6 +65,18 @@ def test_the_kv_cache_is_sized_by_the_engines_flags():
     assert config_from_argv(sgl + ["--max-total-tokens", "100M"]).kv_tokens() == plain.kv_tokens()
 
 
+def test_speculative_decoding_is_refused_not_run_as_plain_decoding():
+    """The tokens a speculative step emits depend on the draft's acceptance, which the
+    calibration does not cover: before, the simulator took the flags and decoded one token a
+    step, a fleet kinder or harsher than the one the spec runs."""
+    with pytest.raises(ValueError, match="speculative decoding \\(--speculative-config\\)"):
+        config_from_argv(["vllm", "serve", "Qwen/Qwen3-8B", "--speculative-config",
+                          '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}'])
+    with pytest.raises(ValueError, match="speculative decoding \\(--speculative-algorithm\\)"):
+        config_from_argv(["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B",
+                          "--speculative-algorithm", "NGRAM"])
+
+
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_a_layout_not_modelled_is_refused():
     """--kv-cache-dtype fp8 (vLLM) / fp8_e5m2 (SGLang) stores K and V in one byte per element
     (tests/contract/FACTS.md, "KV cache dtype"): twice the tokens in the same memory, half the

@@ -195,6 +195,12 @@ def test_what_the_cost_model_cannot_run_is_refused(tmp_path, capsys):
     code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", blocks), *WINDOW)
     assert code == 1 and "spec.prefill.extraArgs" in err and "--num-gpu-blocks-override" in err
 
+    def speculative(spec):
+        spec["decode"].setdefault("extraArgs", []).extend(["--speculative-config", '{"method":"ngram","num_speculative_tokens":3}'])
+
+    code, _, err = _run(capsys, "-f", _spec(tmp_path, "current", speculative), *WINDOW)
+    assert code == 1 and "spec.decode.extraArgs" in err and "speculative decoding" in err
+
     def sglang_cap(spec):
         spec["engine"] = {**spec["engine"], "kind": "sglang", "extraArgs": ["--max-total-tokens", "100k"]}
 

@@ -78,6 +78,9 @@ def load_spec(path: str) -> PDInferenceService:
 # flags of extraArgs that size the engine's KV cache (perfmodel.engine_defaults.kv_tokens); the
 # simulated fleet sizes it from gpuMemoryUtilization only
 KV_SIZE_FLAGS = {"vllm": ("--kv-cache-memory-bytes", "--num-gpu-blocks-override"), "sglang": ("--max-total-tokens",)}
+# speculative decoding: tokens per step depend on the draft's acceptance, which the cost model
+# does not know (enginesim refuses it too)
+SPECULATIVE_FLAGS = {"vllm": "--speculative-config", "sglang": "--speculative-algorithm"}
 
 
 def cost_model(svc: PDInferenceService, role: str) -> CostModel:
@@ -112,6 +115,11 @@ def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
                 field = f"{at}.extraArgs" if sets_flag(pool.extra_args, flag) else "spec.engine.extraArgs"
                 out.append((field, f"the simulated fleet does not model a KV cache sized by {flag} (the autoscaler's "
                                    "capacity follows it): simulate a copy of the spec without it"))
+        flag = SPECULATIVE_FLAGS[spec.engine.kind]
+        if user_engine_flag(spec, role, flag) is not None:
+            field = f"{at}.extraArgs" if sets_flag(pool.extra_args, flag) else "spec.engine.extraArgs"
+            out.append((field, f"the simulated fleet does not model speculative decoding ({flag}: the tokens a "
+                               "step emits depend on the draft's acceptance): simulate a copy of the spec without it"))
         product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
         if product is not None and CALIBRATED_GPU not in product.upper():
             field = "gpuProduct" if pool.gpu_product else f"nodeSelector[{spec.gpu_product_label()}]"

@@ -159,6 +159,10 @@ def _expand(argv: list[str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: os.environ.get(m.group(1), m.group(0)), a) for a in argv]
 
 
+_SPECULATIVE = ("the simulator does not model speculative decoding ({flag}): the tokens a step emits depend "
+                "on the draft's acceptance, which the calibration does not cover; run without it")
+
+
 def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = None) -> SimConfig:
     """Build a SimConfig from an engine command line; FlagError/ValueError if refused."""
     opts = opts or sim_parser().parse_args([])
@@ -216,6 +220,8 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
                              "backend's size); size the KV cache with --kv-cache-memory-bytes or "
                              "--gpu-memory-utilization")
         kv_memory, kv_cap = ns.kv_cache_memory_bytes, None
+        if ns.speculative_config:
+            raise ValueError(_SPECULATIVE.format(flag="--speculative-config"))
     else:
         model = ns.model_path
         served = [ns.served_model_name or model]
@@ -237,6 +243,8 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         connector, max_queued = None, None
         performance_mode = None
         kv_memory, kv_cap = None, ns.max_total_tokens
+        if ns.speculative_algorithm:
+            raise ValueError(_SPECULATIVE.format(flag="--speculative-algorithm"))
     try:
         shape = shape_for(model)
     except KeyError:
