@@ -106,3 +106,9 @@ def user_engine_flag(spec, role: str, flag: str):
 def sets_flag(args: list[str], flag: str) -> bool:
     """Whether ``args`` name ``flag`` (``--flag``, ``--flag=value``, or vLLM's ``--flag_name``)."""
     return any(a.split("=", 1)[0].replace("_", "-") == flag for a in args)
+
+
+def flag_field(spec, role: str, flag: str) -> str:
+    """The field that sets ``flag`` for the pool, for an error to name: the pool's extraArgs
+    when they set it (they come last and win), else the engine's."""
+    return f"spec.{role}.extraArgs" if sets_flag(spec.pool(role).extra_args, flag) else "spec.engine.extraArgs"

@@ -86,21 +86,20 @@ class SGLangAdapter(EngineAdapter):
         (model_executor/pool_configurator.py ``calculate_pool_sizes_from_max_tokens``) and
         refuses to start on an empty one (same file, ``MemoryPoolConfig.__post_init__``: "Not
         enough memory"). The page is ``--page-size`` when given; the attention backends that
-        force a larger one (arg_groups/overrides.py) are not known here, so below it 1."""
+        force a larger one (arg_groups/overrides.py) are not known here: without it, 1."""
         from ...api.errors import SpecError
-        from ..args import sets_flag, user_engine_flag
+        from ..args import flag_field, user_engine_flag
 
         super().check_extra_args()
         for role in ("prefill", "decode"):
             cap = user_engine_flag(self.spec, role, "--max-total-tokens")
-            page = user_engine_flag(self.spec, role, "--page-size") or 1
-            if cap is not None and cap < max(1, page):
-                field = f"spec.{role}.extraArgs" if sets_flag(self.pool(role).extra_args, "--max-total-tokens") \
-                    else "spec.engine.extraArgs"
-                raise SpecError([(field, f"--max-total-tokens {cap} leaves no page of {max(1, page)} tokens in the "
-                                         f"{role} pool's KV cache (SGLang rounds it down to whole pages), and SGLang "
-                                         "refuses to start (\"Not enough memory\"); give at least one page, or drop "
-                                         "the flag to size the cache from gpuMemoryUtilization")],
+            page = max(1, user_engine_flag(self.spec, role, "--page-size") or 1)
+            if cap is not None and cap < page:
+                raise SpecError([(flag_field(self.spec, role, "--max-total-tokens"),
+                                  f"--max-total-tokens {cap} leaves no page of {page} tokens in the {role} pool's KV "
+                                  "cache (SGLang rounds it down to whole pages), and SGLang refuses to start (\"Not "
+                                  "enough memory\"); give at least one page, or drop the flag to size the cache from "
+                                  "gpuMemoryUtilization")],
                                 self.svc.metadata.name)
 
     def prefix_caching_args(self, enabled: bool | None) -> list[str]:

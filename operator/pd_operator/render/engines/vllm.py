@@ -122,7 +122,7 @@ class VLLMAdapter(EngineAdapter):
         from ...api.errors import SpecError
         from ...perfmodel.costmodel import MODELS
         from ...perfmodel.engine_defaults import kv_element_bytes
-        from ..args import sets_flag, user_engine_flag
+        from ..args import flag_field, user_engine_flag
 
         budget = user_engine_flag(self.spec, role, "--kv-cache-memory-bytes")
         shape = MODELS.get(self.spec.model.name)
@@ -142,7 +142,7 @@ class VLLMAdapter(EngineAdapter):
         need = length * replace(shape, kv_dtype_bytes=element).kv_bytes_per_gpu_token(tp)
         if need <= budget:
             return
-        field = f"spec.{role}.extraArgs" if sets_flag(self.pool(role).extra_args, "--kv-cache-memory-bytes") else "spec.engine.extraArgs"
+        field = flag_field(self.spec, role, "--kv-cache-memory-bytes")
         raise SpecError([(field, f"--kv-cache-memory-bytes gives each GPU {budget / 2 ** 30:.2f} GiB of KV cache, and one "
                                  f"request of {length} tokens of {shape.name} needs at least {need / 2 ** 30:.2f} GiB per GPU "
                                  f"at tensorParallelSize {tp}: vLLM refuses to start (\"To serve at least one request with "

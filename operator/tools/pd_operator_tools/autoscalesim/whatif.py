@@ -36,7 +36,7 @@ from pd_operator.api.constants import ROLES
 from pd_operator.api.models import PDInferenceService, duration_seconds
 from pd_operator.autoscale.capacity import (CALIBRATED_GPU, CALIBRATED_MEMORY_FRACTION, pool_cost_model,
                                             pool_max_running, pool_shape, pool_step_tokens)
-from pd_operator.render.args import sets_flag, user_engine_flag
+from pd_operator.render.args import flag_field, user_engine_flag
 from pd_operator.perfmodel.costmodel import MODELS, CostModel, shape_for
 from .policies import PdOperator
 from .reference import SCRAPE, START_DELAY
@@ -105,20 +105,17 @@ def simulation_problems(svc: PDInferenceService) -> list[tuple[str, str]]:
         pool, at = svc.spec.pool(role), f"spec.{role}"
         if pool_shape(spec, role) is None:
             dtype = user_engine_flag(spec, role, "--kv-cache-dtype")
-            field = f"{at}.extraArgs" if sets_flag(pool.extra_args, "--kv-cache-dtype") else "spec.engine.extraArgs"
-            out.append((field,
+            out.append((flag_field(spec, role, "--kv-cache-dtype"),
                         f"the cost model does not model the KV cache of --kv-cache-dtype {dtype!r} for this "
                         "model (it models the model's own dtype and the plain FP8 formats)"))
             continue
         for flag in KV_SIZE_FLAGS[spec.engine.kind]:
             if user_engine_flag(spec, role, flag) is not None:
-                field = f"{at}.extraArgs" if sets_flag(pool.extra_args, flag) else "spec.engine.extraArgs"
-                out.append((field, f"the simulated fleet does not model a KV cache sized by {flag} (the autoscaler's "
+                out.append((flag_field(spec, role, flag), f"the simulated fleet does not model a KV cache sized by {flag} (the autoscaler's "
                                    "capacity follows it): simulate a copy of the spec without it"))
         flag = SPECULATIVE_FLAGS[spec.engine.kind]
         if user_engine_flag(spec, role, flag) is not None:
-            field = f"{at}.extraArgs" if sets_flag(pool.extra_args, flag) else "spec.engine.extraArgs"
-            out.append((field, f"the simulated fleet does not model speculative decoding ({flag}: the tokens a "
+            out.append((flag_field(spec, role, flag), f"the simulated fleet does not model speculative decoding ({flag}: the tokens a "
                                "step emits depend on the draft's acceptance): simulate a copy of the spec without it"))
         product = pool.gpu_product or pool.node_selector.get(spec.gpu_product_label())
         if product is not None and CALIBRATED_GPU not in product.upper():
