@@ -5,6 +5,7 @@ leader serves only when every worker joined, a lost worker takes it down."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,7 +56,18 @@ def wait_for(fn, timeout: float = 30.0):
     return False
 
 
-def run_group(kind: str, spec: dict) -> None:
+def series(host: str, port: int, name: str) -> dict[str, dict[str, str]]:
+    """The ``name`` series of a metrics page: dp_rank (or "") -> its labels."""
+    status, text = get(f"http://{host}:{port}/metrics")
+    assert status == 200, text
+    out = {}
+    for m in re.finditer(r"^" + re.escape(name) + r"\{([^}]*)\} ", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        out[labels.get("dp_rank", "")] = labels
+    return out
+
+
+def run_group(kind: str, spec: dict, worker_port: int) -> None:
     leader_cmd, worker_cmd = group_commands(kind, spec)
     leader_ip, w1, w2 = loopback_host(), loopback_host(), loopback_host()
     port = free_port(leader_ip)
@@ -68,7 +80,20 @@ def run_group(kind: str, spec: dict) -> None:
         assert health(leader_ip, port) == 503          # 1 of 2 workers joined
         procs.append(start(worker_cmd, w2, 2, leader_ip))
         assert wait_for(lambda: health(leader_ip, port) == 200)
-        assert health(w1, port) == 0                   # workers serve no HTTP
+        if kind == "vllm":
+            assert health(w1, worker_port) == 0        # headless workers serve no HTTP
+        else:
+            # SGLang's serve /health and /metrics on --port: their own schedulers' series. DP
+            # attention 24 over 3 nodes of 8 GPUs: groups 0-7 on the leader, 8-15 on node 1,
+            # 16-23 on node 2, each from its first (here only) TP rank
+            assert wait_for(lambda: health(w1, worker_port) == 200 and health(w2, worker_port) == 200)
+            assert wait_for(lambda: series(w2, worker_port, "sglang:num_queue_reqs"))  # its first page
+            for host, p, first in ((leader_ip, port, 0), (w1, worker_port, 8), (w2, worker_port, 16)):
+                for name in ("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage"):
+                    got = series(host, p, name)
+                    assert sorted(got, key=int) == [str(d) for d in range(first, first + 8)], (host, name, got)
+                    assert all(labels["tp_rank"] == d for d, labels in got.items())
+            assert series(w1, worker_port, "sglang:e2e_request_latency_seconds_count") == {}  # no tokenizer there
         procs[1].kill()                                # a lost worker ...
         assert wait_for(lambda: procs[0].poll() is not None)
         assert procs[0].returncode == 1                # ... takes the leader down
@@ -81,8 +106,8 @@ def run_group(kind: str, spec: dict) -> None:
 
 
 def test_sglang_group_serves_only_whole_and_dies_with_a_worker():
-    run_group("sglang", SPEC)
+    run_group("sglang", SPEC, worker_port=30000)
 
 
 def test_vllm_group_serves_only_whole_and_dies_with_a_worker():
-    run_group("vllm", VLLM_SPEC)
+    run_group("vllm", VLLM_SPEC, worker_port=8000)

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pd_operator.render.engines.flagset import FlagError, check_argv, split_command
 from pd_operator.perfmodel.costmodel import LINKS, Efficiency, Link, shape_for, MODELS
 from pd_operator.perfmodel.engine_defaults import kv_element_bytes, vllm_step_tokens
-from .group import group_from_namespace, join, lead
+from .group import group_from_namespace, join, lead, serve_worker
 from .server import SimConfig, SimServer
 
 VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
@@ -300,16 +300,25 @@ async def _serve(cfg: SimConfig) -> int:
     if group is not None and not group.leader:
         # a worker node: no HTTP (SGLang node_rank >= 1, vLLM --headless); it lives as long as the leader
         print(f"pd-sim: {cfg.flavor} {cfg.role} worker, node rank {group.rank}/{group.size}", file=sys.stderr, flush=True)
-        joined = asyncio.create_task(join(group))
+        runners = []
+
+        async def serve_node() -> None:  # SGLang: launch_dummy_health_check_server, once the schedulers are up
+            if cfg.flavor == "sglang":
+                runners.append(await serve_worker(group, cfg.host, cfg.port, cfg.enable_metrics, cfg.listen_fd))
+
+        joined = asyncio.create_task(join(group, on_joined=serve_node))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         done, _ = await asyncio.wait([joined, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        for runner in runners:
+            await runner.cleanup()
         return 0 if stop.is_set() else 1
     server = SimServer(cfg)
     lost = asyncio.Event()
-    rendezvous = await lead(group, cfg.host, lost.set) if group is not None else None
+    rendezvous = (await lead(group, cfg.host, lost.set, server.node_page if cfg.flavor == "sglang" else None)
+                  if group is not None else None)
     await server.start()
     extra = f", bootstrap :{cfg.bootstrap_port}" if cfg.bootstrap_port else ""
     print(f"pd-sim: {cfg.flavor} {cfg.role} {cfg.model} as {cfg.served_name} (TP {cfg.tp}) on "

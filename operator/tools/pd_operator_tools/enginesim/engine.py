@@ -66,7 +66,7 @@ class Sink:
     def finished(self, req: "SimRequest") -> None: ...
     def prompt_tokens(self, n: int) -> None: ...
     def prompt_external(self, n: int) -> None: ...  # prompt tokens whose KV came from a prefill pod
-    def generation_tokens(self, n: int) -> None: ...
+    def generation_tokens(self, n: int, rank: int = 0) -> None: ...  # by the request's DP rank
 
 
 @dataclass(eq=False)
@@ -101,6 +101,7 @@ class SimRequest:
     last_token: Optional[float] = None
     finished: Optional[float] = None
     itls: list = field(default_factory=list)
+    dp_rank: int = 0  # the attention-DP group that serves it (Engine.add)
 
     @property
     def reserve(self) -> int:
@@ -127,6 +128,7 @@ class Engine:
         link: Link = LINKS["rdma"],
         sink: Sink | None = None,
         name: str = "",
+        dp_ranks: int = 1,
     ):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -139,6 +141,13 @@ class Engine:
         self.link = link
         self.sink = sink or Sink()
         self.name = name or f"{role}-{next(_ids)}"
+        # SGLang's attention-DP groups: its DP controller hands each request to one, in turn
+        # (--load-balance-method auto: round_robin, arg_groups/serving_hook.py; a PD prefill
+        # server's follow_bootstrap_room spreads them alike). The sim schedules the replica as
+        # one (the cost model spreads the batch over the groups) and keeps each request's group
+        # for the per-group series its schedulers export.
+        self.dp_ranks = max(1, dp_ranks)
+        self._next_rank = itertools.cycle(range(self.dp_ranks))
         self.waiting: collections.deque[SimRequest] = collections.deque()
         self.transferring: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -169,6 +178,7 @@ class Engine:
         if req.reserve > self.kv_capacity:
             raise ValueError(f"request needs {req.reserve} KV tokens, engine has {self.kv_capacity}")
         req.arrival = self.clock.now()
+        req.dp_rank = next(self._next_rank)
         if not req.id:
             req.id = f"req-{next(_ids)}"
         self.waiting.append(req)
@@ -273,7 +283,7 @@ class Engine:
 
     def _token(self, r: SimRequest, now: float) -> None:
         r.generated += 1
-        self.sink.generation_tokens(1)
+        self.sink.generation_tokens(1, r.dp_rank)
         last = r.generated >= r.max_tokens or r.prefill_only
         if r.first_token is None:
             r.first_token = now

@@ -4,11 +4,13 @@ What the engines do, and the sim copies:
 - SGLang (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``): every node
   joins the rendezvous node rank 0 hosts at HOST:PORT; only rank 0 serves the API
   (http_server.py launch_server returns for node_rank >= 1), and it serves only
-  after the distributed init, i.e. once every node joined. (Real ranks >= 1 serve
-  /health and /metrics with their own schedulers' series, engine.py
-  launch_dummy_health_check_server; the sim's do not, and its leader reports the
-  whole replica's load: kinder than SGLang with attention DP over nodes, whose
-  leader reports only node 0's DP groups; FACTS.md "Series per engine".)
+  after the distributed init, i.e. once every node joined. Ranks >= 1 serve
+  /health, /ping, /health_generate and (with --enable-metrics) /metrics on --port,
+  their own schedulers' series only (engine.py launch_dummy_health_check_server):
+  with attention DP over nodes, the DP groups whose first rank is on that node,
+  which the leader does not report (FACTS.md "Series per engine"). The sim's
+  leader, which runs the whole replica, sends each worker its node's page over the
+  rendezvous connection every second (``PAGE_PERIOD_S``), and the worker serves it.
 - vLLM (``--data-parallel-size DP --data-parallel-size-local L``, workers
   ``--headless --data-parallel-start-rank S``): the API server on the leader
   coordinates the DP ranks over ``--data-parallel-address:--data-parallel-rpc-port``;
@@ -37,6 +39,9 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
 
 @dataclass
 class Group:
@@ -46,6 +51,7 @@ class Group:
     port: int          # the leader's rendezvous port
     joined: set = field(default_factory=set)
     lost = False
+    page: bytes = b""  # a worker's: its node's metrics page, as the leader last sent it
 
     @property
     def leader(self) -> bool:
@@ -81,8 +87,20 @@ def group_from_namespace(flavor: str, ns) -> Group | None:
                  ns.data_parallel_rpc_port or 29550)
 
 
-async def lead(group: Group, bind: str, on_lost) -> asyncio.AbstractServer:
-    """Accept the workers' joins on the rendezvous port; ``on_lost()`` when one drops."""
+PAGE_PERIOD_S = 1.0
+
+
+async def lead(group: Group, bind: str, on_lost, page=None) -> asyncio.AbstractServer:
+    """Accept the workers' joins on the rendezvous port; ``on_lost()`` when one drops.
+    ``page(rank)``: the metrics page of node ``rank``, sent to it as ``<length>\n<bytes>``
+    every PAGE_PERIOD_S."""
+
+    async def send_pages(rank: int, writer: asyncio.StreamWriter) -> None:
+        while True:
+            data = page(rank)
+            writer.write(b"%d\n" % len(data) + data)
+            await writer.drain()
+            await asyncio.sleep(PAGE_PERIOD_S)
 
     async def joined(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         line = await reader.readline()
@@ -96,7 +114,10 @@ async def lead(group: Group, bind: str, on_lost) -> asyncio.AbstractServer:
             return
         group.joined.add(rank)
         print(f"pd-sim: node rank {rank} joined ({len(group.joined)}/{group.size - 1})", file=sys.stderr, flush=True)
+        sender = asyncio.create_task(send_pages(rank, writer)) if page is not None else None
         await reader.read()  # until the worker goes
+        if sender is not None:
+            sender.cancel()
         group.joined.discard(rank)
         group.lost = True
         print(f"pd-sim: node rank {rank} lost: the replica is down", file=sys.stderr, flush=True)
@@ -105,8 +126,9 @@ async def lead(group: Group, bind: str, on_lost) -> asyncio.AbstractServer:
     return await asyncio.start_server(joined, bind, group.port)
 
 
-async def join(group: Group, timeout: float = 600.0) -> None:
-    """A worker: join the leader (retrying while it starts), then hold on until it goes."""
+async def join(group: Group, timeout: float = 600.0, on_joined=None) -> None:
+    """A worker: join the leader (retrying while it starts), then hold on until it goes,
+    keeping the pages it sends (``group.page``); ``await on_joined()`` once joined."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -120,5 +142,40 @@ async def join(group: Group, timeout: float = 600.0) -> None:
     writer.write(f"{group.rank}\n".encode())
     await writer.drain()
     print(f"pd-sim: node rank {group.rank} joined the leader {group.leader_host}:{group.port}", file=sys.stderr, flush=True)
-    await reader.read()
+    if on_joined is not None:
+        await on_joined()
+    try:
+        while line := await reader.readline():
+            group.page = await reader.readexactly(int(line))
+    except (asyncio.IncompleteReadError, ValueError, ConnectionError):
+        pass
     print("pd-sim: the leader is gone: the replica is down", file=sys.stderr, flush=True)
+
+
+async def serve_worker(group: Group, host: str, port: int, enable_metrics: bool,
+                       listen_fd: int | None = None) -> web.AppRunner:
+    """SGLang's node of rank >= 1 on ``--port``: /ping, /health and /health_generate answer 200,
+    /metrics (with --enable-metrics) its node's page (utils/common.py
+    launch_dummy_health_check_server; without metrics no route: 404). ``listen_fd``: a socket
+    already listening there (the e2e harness binds a pod's ``http`` port before the sim starts)."""
+    app = web.Application()
+
+    async def ok(_request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=group.page, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    for path in ("/ping", "/health", "/health_generate"):
+        app.router.add_get(path, ok)
+    if enable_metrics:
+        app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    if listen_fd is not None:
+        import socket
+
+        await web.SockSite(runner, socket.socket(fileno=listen_fd)).start()
+    else:
+        await web.TCPSite(runner, host, port).start()
+    return runner

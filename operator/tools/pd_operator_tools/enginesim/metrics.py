@@ -84,12 +84,18 @@ class PromSink(Sink):
     """Sink that exports an engine's observations in its engine's dialect."""
 
     def __init__(self, flavor: str, served_name: str, role: str, registry: CollectorRegistry | None = None,
-                 kv_connector: str | None = None):
+                 kv_connector: str | None = None, dp: int = 1, tp: int = 1, nodes: int = 1):
+        """``dp``, ``tp``, ``nodes``: SGLang's attention-DP groups, tensor-parallel ranks and nodes
+        of the replica. Each group's scheduler exports its own series (label ``dp_rank`` with
+        DP), from the node its first rank is on (``node_registries``: the leader's is
+        ``registry``; a node of rank >= 1 serves its own, FACTS.md "Series per engine"): the
+        gauges and the decode batches' token counter. The sim keeps the schedulers' histograms
+        (queue time, per-stage latency) whole, on node 0: they enter means, not sums."""
         if flavor not in ("vllm", "sglang"):
             raise ValueError(flavor)
         self.flavor = flavor
-        self._realtime = None
         self.registry = registry or CollectorRegistry()
+        self.node_registries = {0: self.registry}
         self.samples = Samples()
         r = self.registry
         if flavor == "vllm":
@@ -178,22 +184,42 @@ class PromSink(Sink):
             self._prefill = Histogram(p + "per_stage_req_latency_seconds", "The latency of each stage of requests.",
                                       names + ["stage"], registry=r, buckets=STAGE_BUCKETS).labels(*lv, "prefill_forward")
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
-            # at a request's end (observe_one_finished_request), where the one below moves with
-            # each decode batch (metrics_reporter.report_decode_stats), a scheduler counter created
-            # at its first increment (observability/metrics_collector.py, increment_realtime_tokens)
+            # at a request's end (observe_one_finished_request): the tokenizer's, on node 0
             self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
-            self._realtime = (Counter(p + "realtime_tokens", "Total number of tokens processed", names + ["mode"],
-                                      registry=r) if role == "decode" else None)
             self._success = None
-            self._g_running = Gauge(p + "num_running_reqs", "Running requests", names, registry=r).labels(*lv)
-            self._g_waiting = Gauge(p + "num_queue_reqs", "Queued requests", names, registry=r).labels(*lv)
-            self._g_kv = Gauge(p + "token_usage", "KV-cache token usage, 0..1", names, registry=r).labels(*lv)
-            self._g_extra = {
-                "gen_throughput": Gauge(p + "gen_throughput", "Generation tokens/s", names, registry=r).labels(*lv),
-                "cache_hit_rate": Gauge(p + "cache_hit_rate", "Prefix-cache hit rate", names, registry=r).labels(*lv),
-                "prealloc": Gauge(p + "num_decode_prealloc_queue_reqs", "Decode requests waiting for KV", names, registry=r).labels(*lv),
-                "transfer": Gauge(p + "num_decode_transfer_queue_reqs", "Decode requests receiving KV", names, registry=r).labels(*lv),
-            }
+            self._g_running = self._g_waiting = self._g_kv = None
+            self._g_extra = {}
+            # each attention-DP group's scheduler: its first TP rank logs the stats
+            # (observability/metrics_collector.py, is_stats_logging_rank; labels tp_rank, and
+            # dp_rank with DP), from its node: tp_rank // (tp / nodes)
+            per_node = max(1, tp // max(1, nodes))
+            self._sched: list[dict] = []
+            families: dict[int, dict] = {}
+            for d in range(max(1, dp)):
+                node = (d * (tp // dp if dp > 1 else tp)) // per_node if dp > 1 else 0
+                reg = self.node_registries.setdefault(node, self.registry if node == 0 else CollectorRegistry())
+                fam = families.get(node)
+                if fam is None:
+                    sn = names + (["dp_rank"] if dp > 1 else [])
+                    fam = families[node] = {
+                        "running": Gauge(p + "num_running_reqs", "Running requests", sn, registry=reg),
+                        "waiting": Gauge(p + "num_queue_reqs", "Queued requests", sn, registry=reg),
+                        "kv": Gauge(p + "token_usage", "KV-cache token usage, 0..1", sn, registry=reg),
+                        "gen_throughput": Gauge(p + "gen_throughput", "Generation tokens/s", sn, registry=reg),
+                        "cache_hit_rate": Gauge(p + "cache_hit_rate", "Prefix-cache hit rate", sn, registry=reg),
+                        "prealloc": Gauge(p + "num_decode_prealloc_queue_reqs", "Decode requests waiting for KV", sn,
+                                          registry=reg),
+                        "transfer": Gauge(p + "num_decode_transfer_queue_reqs", "Decode requests receiving KV", sn,
+                                          registry=reg),
+                        # at a request's end the tokenizer's generation counter moves (above), with
+                        # each decode batch this scheduler counter (metrics_reporter.report_decode_stats),
+                        # created at its first increment (metrics_collector.increment_realtime_tokens)
+                        "realtime": (Counter(p + "realtime_tokens", "Total number of tokens processed", sn + ["mode"],
+                                             registry=reg) if role == "decode" else None),
+                    }
+                slv = (served_name, role, str(d * (tp // dp) if dp > 1 else 0)) + ((str(d),) if dp > 1 else ())
+                self._sched.append({k: (f if k == "realtime" else f.labels(*slv)) for k, f in fam.items()}
+                                   | {"lv": slv})
             # series appear at the first failure (metrics_collector.increment_transfer_failed_reqs)
             self._sgl_failed = Counter(p + "num_transfer_failed_reqs_total", "The number of transfer failed requests.",
                                        names, registry=r)
@@ -209,6 +235,9 @@ class PromSink(Sink):
         # a request whose KV is being pulled is neither running nor (in SGLang) in the waiting
         # queue: vLLM keeps it waiting, deferred (WAITING_FOR_REMOTE_KVS, scheduler.py); SGLang in
         # its transfer queue (num_decode_transfer_queue_reqs)
+        if self.flavor == "sglang":
+            self._bind_schedulers(engine, fetching, gen_throughput)
+            return
         self._g_running.set_function(lambda: len(engine.running))
         if self.flavor == "vllm":
             self._g_waiting.set_function(lambda: engine.num_waiting + len(engine.transferring))
@@ -220,16 +249,30 @@ class PromSink(Sink):
                 self._g_kv_fetch["waiting_to_start"].set_function(lambda: engine.num_waiting)
                 self._g_kv_fetch["in_progress"].set_function(lambda: len(engine.transferring))
                 self._g_kv_fetch["completed_waiting"].set(0)
-        else:
-            self._g_waiting.set_function(lambda: engine.num_waiting)
         self._g_kv.set_function(lambda: engine.kv_usage)
-        if self._g_extra:
-            # SGLang's order is prealloc (KV memory reserved), then the prefill and the pull
-            # (transfer queue), then running; the sim reserves after the prefill, and its
-            # requests waiting for a slot wait in the engine's queue (num_queue_reqs)
-            self._g_extra["prealloc"].set(0)
-            self._g_extra["transfer"].set_function(lambda: fetching() + len(engine.transferring))
-            self._g_extra["gen_throughput"].set_function(gen_throughput)
+
+    def _bind_schedulers(self, engine: Engine, fetching: Callable[[], int], gen_throughput: Callable[[], float]) -> None:
+        """SGLang: each DP group's gauges, of the requests the engine gave that group (its KV
+        usage over its share of the pool). SGLang's order is prealloc (KV memory reserved),
+        then the prefill and the pull (transfer queue), then running; the sim reserves after
+        the prefill, and its requests waiting for a slot wait in the engine's queue
+        (num_queue_reqs): prealloc stays 0."""
+        dp = len(self._sched)
+
+        def mine(reqs, d: int) -> list[SimRequest]:
+            return [r for r in reqs if r.dp_rank == d] if dp > 1 else list(reqs)
+
+        def share(n: int, d: int) -> int:  # the server's fetching requests, dealt in turn
+            return n // dp + (d < n % dp)
+
+        for d, g in enumerate(self._sched):
+            g["running"].set_function(lambda d=d: len(mine(engine.running, d)))
+            g["waiting"].set_function(lambda d=d: len(mine(engine.waiting, d)))
+            g["kv"].set_function(lambda d=d: (sum(r.reserve for r in mine(engine.running + engine.transferring, d))
+                                              / (engine.kv_capacity / dp) if engine.kv_capacity else 0.0))
+            g["prealloc"].set(0)
+            g["transfer"].set_function(lambda d=d: share(fetching(), d) + len(mine(engine.transferring, d)))
+            g["gen_throughput"].set_function(lambda: gen_throughput() / dp)
 
     # ---- failures ----------------------------------------------------------------
     def kv_transfer_failed(self) -> None:
@@ -292,11 +335,12 @@ class PromSink(Sink):
         if self._prompt_cached is not None:
             self._prompt_cached.inc(n)
 
-    def generation_tokens(self, n: int) -> None:
+    def generation_tokens(self, n: int, rank: int = 0) -> None:
         if self.flavor == "vllm":
             self._gen.inc(n)  # each step's (IterationStats)
-        elif self._realtime is not None:
-            self._realtime.labels(*self._sgl_lv, "decode").inc(n)
+        elif self._sched[rank]["realtime"] is not None:
+            g = self._sched[rank]
+            g["realtime"].labels(*g["lv"], "decode").inc(n)
         self.samples.generation_tokens += n
 
     def finished(self, req: SimRequest) -> None:

@@ -179,7 +179,8 @@ def _err(status: int, message: str, kind: str) -> web.Response:
 class SimServer:
     def __init__(self, cfg: SimConfig):
         self.cfg = cfg
-        self.sink = PromSink(cfg.flavor, cfg.served_name, cfg.role, kv_connector=cfg.kv_connector)
+        self.sink = PromSink(cfg.flavor, cfg.served_name, cfg.role, kv_connector=cfg.kv_connector,
+                             **self._ranks(cfg))
         self.engine: Optional[Engine] = None
         self.rooms: dict[int, asyncio.Future] = {}
         self.fetching = 0  # decode requests waiting for their prefill (SGLang: the transfer queue)
@@ -188,6 +189,18 @@ class SimServer:
         self._runners: list[web.AppRunner] = []
         self.inflight: dict[SimRequest, asyncio.Queue] = {}
         self.draining = False
+
+    @staticmethod
+    def _ranks(cfg: SimConfig) -> dict:
+        """SGLang's schedulers: one per attention-DP group, over the replica's nodes."""
+        if cfg.flavor != "sglang":
+            return {}
+        return {"dp": cfg.dp, "tp": cfg.tp, "nodes": cfg.group.size if cfg.group is not None else 1}
+
+    def node_page(self, node: int) -> bytes:
+        """The metrics page a node of rank >= 1 of the replica serves: its schedulers' series."""
+        reg = self.sink.node_registries.get(node)
+        return generate_latest(reg) if reg is not None else b""
 
     # ---- lifecycle --------------------------------------------------------------
     def app(self) -> web.Application:
@@ -215,7 +228,8 @@ class SimServer:
         self.engine = Engine(AsyncioClock(), cfg.cost(), cfg.role, max_num_seqs=cfg.running_limit(),
                              max_batched_tokens=cfg.max_batched_tokens,
                              kv_capacity_tokens=cfg.kv_tokens(),
-                             link=cfg.link, sink=self.sink, name=f"{cfg.flavor}-{cfg.role}")
+                             link=cfg.link, sink=self.sink, name=f"{cfg.flavor}-{cfg.role}",
+                             dp_ranks=cfg.dp if cfg.flavor == "sglang" else 1)
         self.sink.bind(self.engine, fetching=lambda: self.fetching,
                        gen_throughput=lambda: self.sink.samples.generation_tokens / max(1e-9, time.monotonic() - self.started))
         self._session = ClientSession(timeout=ClientTimeout(total=None))

@@ -1,0 +1,63 @@
+"""The simulated SGLang engine's per-scheduler series (enginesim/metrics.py): one scheduler per
+attention-DP group, on the node of its first TP rank, its gauges counting the requests the
+engine gave that group. What a real node of rank >= 1 serves (FACTS.md "Series per engine")."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prometheus_client import generate_latest
+
+from pd_operator_tools.enginesim.clock import VirtualClock
+from pd_operator_tools.enginesim.engine import Engine, SimRequest
+from pd_operator_tools.enginesim.metrics import PromSink
+
+
+def page_ranks(sink: PromSink, node: int, name: str = "sglang:num_queue_reqs") -> dict[str, tuple[str, float]]:
+    """dp_rank ("" without) -> (tp_rank, value) of ``name`` on a node's page."""
+    text = generate_latest(sink.node_registries[node]).decode()
+    out = {}
+    for labels, value in re.findall(r"^" + re.escape(name) + r"\{([^}]*)\} (\S+)$", text, re.M):
+        d = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        out[d.get("dp_rank", "")] = (d["tp_rank"], float(value))
+    return out
+
+
+@pytest.mark.parametrize("dp,tp,nodes,where", [
+    # no attention DP: one scheduler, tp_rank 0, on node 0; the other nodes report none
+    (1, 16, 2, {0: {"": "0"}}),
+    # 4 groups of 4 TP ranks over 2 nodes of 8: groups 0-1 on node 0, 2-3 on node 1
+    (4, 16, 2, {0: {"0": "0", "1": "4"}, 1: {"2": "8", "3": "12"}}),
+    # 2 groups of 8 over 4 nodes of 4: their first ranks on nodes 0 and 2; nodes 1 and 3 none
+    (2, 16, 4, {0: {"0": "0"}, 2: {"1": "8"}}),
+])
+def test_each_group_reports_from_the_node_of_its_first_rank(dp, tp, nodes, where):
+    sink = PromSink("sglang", "m", "decode", dp=dp, tp=tp, nodes=nodes)
+    assert set(sink.node_registries) == set(where)
+    for node, ranks in where.items():
+        assert {d: t for d, (t, _v) in page_ranks(sink, node).items()} == ranks
+
+
+def test_the_groups_gauges_add_up_to_the_replica():
+    clock = VirtualClock()
+    sink = PromSink("sglang", "m", "decode", dp=4, tp=16, nodes=2)
+    engine = Engine(clock, role="decode", max_num_seqs=3, sink=sink, dp_ranks=4)
+    sink.bind(engine)
+    for _ in range(10):
+        engine.add(SimRequest(prompt_tokens=100, max_tokens=50))
+    clock.run(until=0.001)
+    # dealt in turn: groups 0 and 1 get 3 requests, 2 and 3 get 2; 3 running (the first three)
+    waiting = {**page_ranks(sink, 0), **page_ranks(sink, 1)}
+    running = {**page_ranks(sink, 0, "sglang:num_running_reqs"), **page_ranks(sink, 1, "sglang:num_running_reqs")}
+    assert sum(v for _t, v in waiting.values()) == engine.num_waiting == 7
+    assert sum(v for _t, v in running.values()) == len(engine.running) == 3
+    assert {d: v for d, (_t, v) in running.items()} == {"0": 1, "1": 1, "2": 1, "3": 0}
+    assert {d: v for d, (_t, v) in waiting.items()} == {"0": 2, "1": 2, "2": 1, "3": 2}
+    # each group's KV usage is over its quarter of the pool: the mean is the replica's
+    kv = {**page_ranks(sink, 0, "sglang:token_usage"), **page_ranks(sink, 1, "sglang:token_usage")}
+    assert sum(v for _t, v in kv.values()) / 4 == pytest.approx(engine.kv_usage)
+    # the decode batches' tokens, by the group of the request that made them
+    clock.run(until=600.0)
+    tokens = {**page_ranks(sink, 0, "sglang:realtime_tokens_total"), **page_ranks(sink, 1, "sglang:realtime_tokens_total")}
+    assert {d: v for d, (_t, v) in tokens.items()} == {"0": 150, "1": 150, "2": 100, "3": 100}
