@@ -165,6 +165,12 @@ class PodProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def serves_api(self) -> bool:
+        """Not a worker of a replica over several nodes (LWS worker index >= 1): those serve no
+        API, though SGLang's answer /health and /metrics on the API port."""
+        return self.env.get("LWS_WORKER_INDEX", "0") == "0"
+
 
 class Harness:
     """Backs the engine and router pods of one namespace with local processes."""
@@ -232,8 +238,8 @@ class Harness:
             return sorted((p for p in self.procs.values() if role is None or p.role == role), key=lambda p: p.pod)
 
     def wait_serving(self, role: str, count: int, timeout: float = 60.0, path: str | None = None) -> list[PodProcess]:
-        """Wait until ``count`` pods of ``role`` have a live process answering
-        ``path`` (engines: /health, router: /readiness) with 200."""
+        """Wait until ``count`` pods of ``role`` that serve the API have a live process
+        answering ``path`` (engines: /health, router: /readiness) with 200."""
         path = path or ("/readiness" if role == ROUTER_ROLE else "/health")
         deadline = time.monotonic() + timeout
         last = None
@@ -242,7 +248,7 @@ class Harness:
                 raise RuntimeError("harness errors: " + "; ".join(self.errors))
             ready = []
             for pp in self.processes(role):
-                if not pp.alive():
+                if not pp.alive() or not pp.serves_api:
                     continue
                 try:
                     with urllib.request.urlopen(pp.url + path, timeout=2) as resp:

@@ -94,6 +94,18 @@ def example(namespace: str) -> dict:
     return body
 
 
+def queue_ranks(url: str) -> list[str]:
+    """The dp_rank of each sglang:num_queue_reqs series of a metrics page ("none": no such label)."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    found = [dict(re.findall(r'(\w+)="([^"]*)"', m)).get("dp_rank", "none")
+             for m in re.findall(r"^sglang:num_queue_reqs\{([^}]*)\}", text, re.M)]
+    return sorted(found, key=lambda d: int(d) if d.isdigit() else -1)
+
+
 def group_pods(core_v1, namespace: str, lws: str) -> list:
     return [p for p in core_v1.list_namespaced_pod(namespace, label_selector=f"{NAME_LABEL}={lws}").items
             if p.metadata.deletion_timestamp is None]
@@ -180,6 +192,15 @@ def test_deepseek_wide_ep_example(wide_nodes, kube_cluster, crd, namespace, tmp_
         for pp in (pre, dec):
             log = pp.log_path.read_text()
             assert "joined" in log, log[-2000:]
+        # every pod is scraped (the engine scrape keeps annotated pods with an http port) and serves
+        # its own schedulers' series: with attention DP 16 over 2 nodes (prefill) and 32 over 4
+        # (decode), each node the 8 DP groups whose first rank is on it, 8i..8i+7 on node i
+        for lws in (pre_lws, dec_lws):
+            for p in group_pods(core_v1, namespace, lws):
+                i = int(p.metadata.labels[WORKER_INDEX])
+                assert p.metadata.annotations.get("prometheus.io/scrape") == "true", p.metadata.name
+                ranks = queue_ranks(f"http://{p.status.pod_ip}:{p.metadata.annotations['prometheus.io/port']}/metrics")
+                assert ranks == [str(d) for d in range(8 * i, 8 * (i + 1))], (p.metadata.name, ranks)
 
         # a worker deleted by hand: LWS recreates its whole group (a new leader); serving again
         workers = [p for p in group_pods(core_v1, namespace, dec_lws) if p.metadata.labels.get(WORKER_INDEX) != "0"]

@@ -97,6 +97,14 @@ def test_lws_groups_labels_env_recreate_and_scale(core_v1, custom_objects, names
     wait("2 ready groups", lambda: lws_status(custom_objects, namespace).get("readyReplicas") == 2, timeout=120)
     groups = {p.metadata.labels["leaderworkerset.sigs.k8s.io/group-index"] for p in group_pods(core_v1, namespace) if ready(p)}
     assert groups == {"0", "1"}
+    # every pod carries its group's key, the leader and the worker the same, each group its own:
+    # the autoscaler sums a replica's series over it (promql.GROUP_KEY, the scrape job copies it)
+    keys: dict[str, set] = {}
+    for p in group_pods(core_v1, namespace):
+        if p.metadata.deletion_timestamp is None:
+            keys.setdefault(p.metadata.labels["leaderworkerset.sigs.k8s.io/group-index"], set()).add(
+                p.metadata.labels.get("leaderworkerset.sigs.k8s.io/group-key"))
+    assert all(len(k) == 1 and None not in k for k in keys.values()) and len(set.union(*keys.values())) == 2, keys
     leaders = core_v1.list_namespaced_pod(
         namespace, label_selector="leaderworkerset.sigs.k8s.io/name=ds-decode,leaderworkerset.sigs.k8s.io/worker-index=0").items
     assert len(leaders) == 2  # what the routers' selector finds: one pod per group

@@ -207,14 +207,19 @@ def scraped(url: str, targets: int, timeout: float = 30.0, samples: int = 2, win
 
 def start_prometheus(procs, tmp_path, jobs: dict[str, list[tuple[str, int, dict]]]) -> str:
     """Prometheus scraping every second: job -> [(host, port, labels)]; its URL once ready."""
+    return start_prometheus_with(procs, tmp_path, [
+        {"job_name": job, "static_configs": [{"targets": [f"{host}:{port}"], "labels": labels} for host, port, labels in targets]}
+        for job, targets in jobs.items()], sum(len(t) for t in jobs.values()))
+
+
+def start_prometheus_with(procs, tmp_path, scrape_configs: list[dict], targets: int) -> str:
+    """Prometheus scraping every second with these jobs; its URL once it scraped ``targets`` targets."""
     from tests.conftest import prometheus_binary
 
     binary = prometheus_binary()
     if binary is None:
         pytest.skip("needs prometheus (tests/run.sh builds it)")
-    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
-        {"job_name": job, "static_configs": [{"targets": [f"{host}:{port}"], "labels": labels} for host, port, labels in targets]}
-        for job, targets in jobs.items()]}
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": scrape_configs}
     path = tmp_path / "prometheus.yml"
     path.write_text(json.dumps(config))  # JSON is YAML
     host = loopback_host()
@@ -223,7 +228,7 @@ def start_prometheus(procs, tmp_path, jobs: dict[str, list[tuple[str, int, dict]
                  f"--web.listen-address={host}:{port}"])
     url = f"http://{host}:{port}"
     wait_http(url + "/-/ready", timeout=30)
-    scraped(url, sum(len(t) for t in jobs.values()))  # samples before the load: rate() needs the counter's start
+    scraped(url, targets)  # samples before the load: rate() needs the counter's start
     return url
 
 
@@ -245,7 +250,7 @@ class Exporter:
     ``rate()`` over it is ``slope`` whatever the scrape times were.
     """
 
-    def __init__(self, page: Callable[[int, float], dict[str, float]]):
+    def __init__(self, page: Callable[[int, float], dict[str, float]], host: str | None = None, port: int = 0):
         self.page, self.scrapes, self.t0 = page, 0, time.monotonic()
         self.first_scrape: float | None = None
         lock = threading.Lock()
@@ -270,8 +275,8 @@ class Exporter:
             def log_message(self, *args):
                 pass
 
-        self.host = loopback_host()
-        self.server = ThreadingHTTPServer((self.host, 0), Handler)
+        self.host = host or loopback_host()
+        self.server = ThreadingHTTPServer((self.host, port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

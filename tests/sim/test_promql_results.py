@@ -90,7 +90,25 @@ def pod(engine: str, *, ttft=None, itl=None, prompt=0.0, generated=0.0, finished
     return page
 
 
-# (namespace, service, role) -> pages of its pods
+def scheduler_page(decoded: float, waiting: dict[str, float], running: dict[str, float], kv: dict[str, float]):
+    """The page of an SGLang node of rank >= 1: its schedulers' series only, by ``dp_rank``."""
+    def page(_scrape: int, elapsed: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for rank in waiting:
+            out.update(counter(f'sglang:realtime_tokens_total{{mode="decode",dp_rank="{rank}"}}',
+                               decoded / len(waiting), elapsed))
+            out[f'sglang:num_queue_reqs{{dp_rank="{rank}"}}'] = waiting[rank]
+            out[f'sglang:num_running_reqs{{dp_rank="{rank}"}}'] = running[rank]
+            out[f'sglang:token_usage{{dp_rank="{rank}"}}'] = kv[rank]
+        return out
+
+    return page
+
+
+# the label LWS's group key becomes (promql.GROUP_KEY), on the pods of two groups
+GROUP_A, GROUP_B = ({"leaderworkerset_sigs_k8s_io_group_key": key} for key in ("3f9a", "c04e"))
+
+# (namespace, service, role) -> pages of its pods (a page, or a page and more target labels)
 PODS = {
     # vLLM, two prefill pods and one decode pod of team-a/busy
     ("team-a", "busy", "prefill"): [
@@ -161,6 +179,23 @@ PODS = {
     # only (100/s), the finished requests' all of them (300/s); and an engine without the former
     ("team-a", "sg-nodes", "decode"): [pod("sglang", ttft=False, generated=300, finished=1.5, decoded=100)],
     ("team-a", "sg-old", "decode"): [pod("sglang", ttft=False, generated=300, finished=1.5, decoded=False)],
+    # SGLang decode replicas over two nodes each (LWS groups a and b), attention DP 4: each node
+    # reports its own DP groups (dp_rank), the worker only its schedulers' series (no tokenizer:
+    # no latency, no request counters); the scrape copies LWS's group key onto every pod's series
+    ("team-a", "sg-lws", "decode"): [
+        (pod("sglang", ttft=False, itl={0.02: 4, INF: 0}, generated=300, finished=1.5, decoded=100,
+             waiting=2, running=10, kv=0.5, more={'sglang:num_queue_reqs{dp_rank="1"}': 3.0,
+                                                   'sglang:num_running_reqs{dp_rank="1"}': 10.0,
+                                                   'sglang:token_usage{dp_rank="1"}': 0.5}), GROUP_A),
+        (scheduler_page(decoded=250, waiting={"2": 1.0, "3": 0.0}, running={"2": 9.0, "3": 8.0},
+                        kv={"2": 0.3, "3": 0.1}), GROUP_A),
+        (pod("sglang", ttft=False, itl={0.02: 4, INF: 0}, generated=100, finished=0.5, decoded=50,
+             waiting=4, running=12, kv=0.9, more={'sglang:num_queue_reqs{dp_rank="1"}': 4.0,
+                                                   'sglang:num_running_reqs{dp_rank="1"}': 12.0,
+                                                   'sglang:token_usage{dp_rank="1"}': 0.9}), GROUP_B),
+        (scheduler_page(decoded=50, waiting={"2": 0.0, "3": 0.0}, running={"2": 2.0, "3": 2.0},
+                        kv={"2": 0.1, "3": 0.1}), GROUP_B),
+    ],
     # one decode pod of two data-parallel vLLM engines, each its own series (label engine)
     ("team-a", "dp", "decode"): [lambda scrape, elapsed: {
         **{k: v for k, v in pod("vllm", itl={INF: 0})(scrape, elapsed).items()
@@ -194,9 +229,11 @@ def prom(tmp_path_factory):
         targets = []
         for (ns, svc, role), pages in PODS.items():
             for page in pages:
+                page, more = page if isinstance(page, tuple) else (page, {})
                 e = Exporter(page)
                 exporters.append(e)
-                targets.append((e.host, e.port, {"namespace": ns, "pdserving_io_service": svc, "pdserving_io_role": role}))
+                targets.append((e.host, e.port, {"namespace": ns, "pdserving_io_service": svc, "pdserving_io_role": role,
+                                                 **more}))
         url = start_prometheus(procs, tmp_path_factory.mktemp("prom"), {"engines": targets})
         # rate() over WINDOW is the written rate once the samples cover the whole window
         covered = max(e.first_scrape for e in exporters) + float(WINDOW[:-1]) + 2.0
@@ -312,6 +349,21 @@ def test_sglang(prom):
     assert histogram_quantile(0.99, pre.latency_buckets) == approx(pre.observed)
     # vLLM's series are not SGLang's
     assert ("team-a", "busy") not in prom.pool("sglang", "prefill", 0.99, window=WINDOW)
+
+
+def test_a_replica_over_nodes_is_one_replica_with_every_nodes_series(prom):
+    """SGLang with attention DP across nodes: each node reports its own DP groups. queueDepth is
+    per replica, its pods' series summed (a: 2 + 3 + 1 + 0, b: 4 + 4 + 0 + 0; per pod it would
+    read (5 + 1 + 8 + 0) / 4); the loads, the KV usage and the decode batches' tokens take
+    every node's series, not only the leaders'."""
+    dec = prom.pool("sglang", "decode", 0.99, window=WINDOW, secondaries=SECONDARIES)[("team-a", "sg-lws")]
+    assert dec.queue == approx((6 + 8) / 2)
+    assert (dec.waiting_total, dec.running_total) == (approx(6 + 8), approx(10 + 10 + 9 + 8 + 12 + 12 + 2 + 2))
+    assert dec.kv_usage == approx((0.5 + 0.5 + 0.3 + 0.1 + 0.9 + 0.9 + 0.1 + 0.1) / 8)
+    # the batches' tokens of all four nodes (450/s) over the finished requests' (400/s)
+    assert (dec.demand, dec.mean_osl) == (approx(100 + 250 + 50 + 50), approx(400 / 2))
+    # every DP group had a queue but two of b's: the least is 0
+    assert dec.waiting_min == 0.0
 
 
 def test_a_counter_created_at_its_first_increment_counts_whole(tmp_path):

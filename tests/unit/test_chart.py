@@ -953,3 +953,21 @@ def test_each_release_in_a_namespace_can_have_its_own_lease(tmp_path):
     rbac = (CHART / "templates" / "rbac.yaml").read_text()
     assert 'lookup "coordination.k8s.io/v1" "Lease" .Release.Namespace .Values.leaderElection.leaseName' in rbac
     assert 'lookup "v1" "Pod" $.Release.Namespace (regexReplaceAll "_[^_]*$" . "")' in rbac
+
+
+def test_the_replicas_panel_counts_a_group_over_nodes_once(tmp_path):
+    """The engine scrape keeps SGLang's worker pods (they serve their own schedulers' metrics) with
+    LWS's group key: the panel counts each group once, each pod of a StatefulSet pool once."""
+    from tests.unit.test_diagnose import _promtool_values
+
+    dash = json.loads((CHART / "dashboards" / "pd-operator.json").read_text())
+    (panel,) = [p for p in dash["panels"] if p["title"].startswith("Replicas per pool")]
+    (expr,) = [t["expr"] for t in panel["targets"] if t["expr"].startswith("count")]
+    expr = expr.replace("$namespace", "ns").replace("$service", ".*")
+    up = 'up{{namespace="ns",pdserving_io_service="{}",pdserving_io_role="decode",pod="{}"{}}}'
+    group = ',leaderworkerset_sigs_k8s_io_group_key="{}"'
+    series = ([{"series": up.format("wide", f"w-{g}-{i}", group.format(g)), "values": "1x8"}
+               for g in ("a", "b") for i in range(4)]
+              + [{"series": up.format("one", f"o-{i}", ""), "values": "1x8"} for i in range(3)]
+              + [{"series": up.format("one", "o-down", ""), "values": "0x8"}])
+    assert _promtool_values(PROMTOOL, tmp_path, series, expr, "1m") == {"wide": 2.0, "one": 3.0}

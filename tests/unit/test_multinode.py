@@ -166,7 +166,7 @@ def test_the_simulated_leader_refuses_to_bind_on_a_dns_name(kind, obj, monkeypat
         config_from_argv(argv)
 
 
-def test_only_leaders_serve_http_and_routers_select_only_them():
+def test_only_leaders_serve_the_api_and_routers_select_only_them():
     objs = render(validate_service(sglang_wide_ep()))
     lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"].endswith("decode"))
     worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
@@ -252,4 +252,25 @@ def test_sglang_attention_dp_handshake_port_is_checked_and_bootstrap_is_on_the_l
     ports = {side: {p["name"] for p in lws[side]["spec"]["containers"][0]["ports"]}
              for side in ("leaderTemplate", "workerTemplate")}
     assert "bootstrap" in ports["leaderTemplate"] and "bootstrap" not in ports["workerTemplate"]
-    assert "http" not in ports["workerTemplate"]
+
+
+def scrape_annotations(template: dict) -> dict:
+    return {k: v for k, v in template["metadata"].get("annotations", {}).items() if k.startswith("prometheus.io/")}
+
+
+def test_sglang_workers_are_scraped_vllm_headless_workers_are_not():
+    # SGLang's node rank >= 1 serves /metrics on --port (launch_dummy_health_check_server), its
+    # schedulers' series: with attention DP across nodes, the groups the leader does not report
+    for role in ("prefill", "decode"):
+        obj = workloads(sglang_wide_ep())[role]
+        lws = obj["spec"]["leaderWorkerTemplate"]
+        leader, worker = lws["leaderTemplate"], lws["workerTemplate"]
+        assert scrape_annotations(worker) == scrape_annotations(leader) == {
+            "prometheus.io/scrape": "true", "prometheus.io/port": "30000", "prometheus.io/path": "/metrics"}
+        c = worker["spec"]["containers"][0]
+        assert {"name": "http", "containerPort": 30000, "protocol": "TCP"} in c["ports"]
+        assert parsed("sglang", obj, "workerTemplate", 1).port == 30000
+    # vLLM's headless workers run no API server: nothing to scrape, no http port
+    lws = workloads(vllm_wide_ep())["decode"]["spec"]["leaderWorkerTemplate"]
+    assert scrape_annotations(lws["workerTemplate"]) == {} and scrape_annotations(lws["leaderTemplate"])
+    assert "http" not in {p["name"] for p in lws["workerTemplate"]["spec"]["containers"][0]["ports"]}

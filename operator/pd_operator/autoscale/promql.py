@@ -247,21 +247,40 @@ def cached_share_query(engine: str, window: str = "1m") -> Query:
                  f"sum by ({BY}) (rate({m['prompt_cached']}{sel}[{window}])) / sum by ({BY}) (rate({m['prompt_tokens']}{sel}[{window}]))")
 
 
+# A replica over several nodes is one LeaderWorkerSet group of pods, each scraped on its own
+# (SGLang's nodes of rank >= 1 serve their own schedulers' series: FACTS.md "Series per
+# engine"). Every pod of a group carries LWS's group key (the leader from LWS's pod webhook,
+# the workers from their StatefulSet's template: pkg/webhooks/pod_webhook.go,
+# pkg/controllers/pod_controller.go), which the scrape job copies as this label
+# (manifests/prometheus/scrape-engines.yaml); a pod
+# of a StatefulSet pool has none and is a replica of its own.
+GROUP_KEY = "leaderworkerset_sigs_k8s_io_group_key"
+
+
+def per_replica(series) -> str:
+    """``series`` (a function of one more label matcher) summed per replica: the pods of an LWS
+    group together, any other pod on its own (a scrape target: ``instance``, and ``pod`` where
+    the scrape sets it, as a pod IP reused within the window is another pod)."""
+    grouped, alone = series(GROUP_KEY + '!=""'), series(GROUP_KEY + '=""')
+    return f"sum by ({BY}, {GROUP_KEY}) ({grouped}) or sum by ({BY}, job, instance, pod) ({alone})"
+
+
 def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:
     """A secondary signal (``queueDepth``, ``kvCacheUsage``): the engine gauge
-    averaged over the window and over the pool's pods, for all services. A pod with
+    averaged over the window and over the pool's replicas, for all services. A replica with
     data-parallel engines exports one series per engine (vLLM ``engine``, SGLang
-    ``dp_rank``): its waiting requests are their sum (the target is per replica), its
-    KV-cache usage their mean. A pod is a scrape target (``instance``, and ``pod`` where the
-    scrape sets it: a pod IP reused within the window is another pod); a pod scraped by two
-    jobs (the annotations invite a generic one) counts twice in the average, with the same
+    ``dp_rank``), over its pods when it spans nodes: its waiting requests are their sum
+    (``per_replica``: the target is per replica), its KV-cache usage their mean. A pod scraped by
+    two jobs (the annotations invite a generic one) counts twice in the average, with the same
     value each time, which leaves it as it is."""
     name = SECONDARY[metric][0]
-    gauge, sel = METRICS[engine][name], _sel(role, METRIC_MATCHERS.get((engine, name), ""))
-    series = f"avg_over_time({gauge}{sel}[{window}])"
-    if metric == "queueDepth":
-        series = f"sum by ({BY}, job, instance, pod) ({series})"
-    return Query((engine, role, metric, 0.0), f"avg by ({BY}) ({series})")
+    gauge, matchers = METRICS[engine][name], METRIC_MATCHERS.get((engine, name), "")
+
+    def series(extra: str = "") -> str:
+        return f"avg_over_time({gauge}{_sel(role, ','.join(m for m in (matchers, extra) if m))}[{window}])"
+
+    return Query((engine, role, metric, 0.0),
+                 f"avg by ({BY}) ({per_replica(series) if metric == 'queueDepth' else series()})")
 
 
 def per_pod(engine: str, role: str, name: str, fn) -> str:

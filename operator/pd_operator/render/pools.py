@@ -232,14 +232,17 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict:
 
 
 def _pod_template(svc: PDInferenceService, engine: EngineAdapter, role: str, command: list[str],
-                  serves_http: bool = True, extra_ports: list[dict] | None = None) -> dict:
+                  serves_http: bool = True, extra_ports: list[dict] | None = None,
+                  scraped: bool | None = None) -> dict:
+    """A pool's pod template. ``serves_http``: the pod serves the API (probes); ``scraped``
+    (default: the same): it serves /metrics on ``http`` and is annotated for the scrape."""
     spec = svc.spec
     pool = spec.pool(role)
     rdma = spec.kv_transfer.rdma
     volumes, mounts = _volumes(svc, engine, role)
 
     annotations = {}
-    if serves_http:
+    if serves_http if scraped is None else scraped:
         annotations.update({
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(engine.http_port),
@@ -349,10 +352,13 @@ def leaderworkerset(svc: PDInferenceService, engine: EngineAdapter, role: str, r
     name = child_name(svc, role)
     ports = engine.group_ports(role)
     leader = _pod_template(svc, engine, role, engine.group_command(role, leader=True), extra_ports=ports)
-    worker = _pod_template(svc, engine, role, engine.group_command(role, leader=False), serves_http=False)
+    worker = _pod_template(svc, engine, role, engine.group_command(role, leader=False), serves_http=False,
+                           scraped="http" not in engine.leader_only_ports)
     # Workers serve no API: without a readiness probe a worker is Ready once its
     # container runs; the leader's /health answers only once every node joined.
     # Nor do they declare the ports only the leader listens on (SGLang: bootstrap).
+    # SGLang's serve their own schedulers' metrics (with attention DP, the DP groups
+    # whose first rank is on that node): scraped, as the leader reports only its own.
     worker["spec"]["containers"][0]["ports"] = [p for p in worker["spec"]["containers"][0]["ports"]
                                                 if p["name"] not in engine.leader_only_ports]
     for tmpl in (leader, worker):

@@ -78,7 +78,8 @@ class EngineAdapter(ABC):
         return []
 
     # Names of ports (of ``ports``) that only a group's leader listens on: a worker
-    # pod of a replica over several nodes does not declare them.
+    # pod of a replica over several nodes does not declare them. A worker that keeps
+    # ``http`` serves /metrics there (its own ranks' series) and is scraped.
     leader_only_ports: frozenset[str] = frozenset({"http"})
 
     @abstractmethod

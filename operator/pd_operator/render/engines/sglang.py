@@ -204,8 +204,9 @@ class SGLangAdapter(EngineAdapter):
 
     # Only node 0 runs the tokenizer manager, which starts the bootstrap server
     # (managers/tokenizer_manager.py init_disaggregation -> managers/disagg_service.py);
-    # nodes of rank >= 1 return before it (entrypoints/engine.py).
-    leader_only_ports = frozenset({"http", "bootstrap"})
+    # nodes of rank >= 1 return before it (entrypoints/engine.py), and serve /health and
+    # /metrics (their own schedulers' series) on --port: launch_dummy_health_check_server.
+    leader_only_ports = frozenset({"bootstrap"})
 
     def group_ports(self, role: str) -> list[dict]:
         return [{"name": "dist-init", "containerPort": DIST_INIT_PORT, "protocol": "TCP"}]
