@@ -77,6 +77,16 @@ def test_speculative_decoding_is_refused_not_run_as_plain_decoding():
                           "--speculative-algorithm", "NGRAM"])
 
 
+@pytest.mark.parametrize("flag", ["--pp-size", "--pipeline-parallel-size", "--attn-cp-size"])
+def test_sglang_pipeline_and_attention_context_parallelism_are_refused(flag):
+    """Not modelled: their step times, and which ranks report the schedulers' series from which
+    node (a replica over nodes serves each node's own: FACTS.md "Series per engine")."""
+    sgl = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--tp-size", "4"]
+    with pytest.raises(ValueError, match="does not model --(pp|attn-cp)-size 2"):
+        config_from_argv(sgl + [flag, "2"])
+    config_from_argv(sgl + [flag, "1"])
+
+
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_a_layout_not_modelled_is_refused():
     """--kv-cache-dtype fp8 (vLLM) / fp8_e5m2 (SGLang) stores K and V in one byte per element
     (tests/contract/FACTS.md, "KV cache dtype"): twice the tokens in the same memory, half the

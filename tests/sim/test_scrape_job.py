@@ -61,7 +61,10 @@ def discovered(template: dict, name: str, ip: str, more_labels: dict) -> list[di
     return out
 
 
-def test_the_shipped_job_scrapes_sglang_workers_with_their_group_and_not_vllm_headless_ones(tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_shipped_job_scrapes_sglang_workers_with_their_group_and_not_vllm_headless_ones(tmp_path, jobs):
+    """``jobs`` 2: a second job scrapes the same pods (the annotations invite a generic one): a
+    replica's queue is still its own, not its two jobs' sum."""
     job = yaml.safe_load((ROOT / "manifests/prometheus/scrape-engines.yaml").read_text())[0]
     pods = []  # (service, role, pod name, template, LWS labels, waiting requests by dp_rank)
     for role_kind, tmpl in templates(sglang_wide_ep(), "decode"):
@@ -91,7 +94,7 @@ def test_the_shipped_job_scrapes_sglang_workers_with_their_group_and_not_vllm_he
         job = {**job, "scrape_interval": "1s", "file_sd_configs": [{"files": [str(sd)]}]}
         del job["kubernetes_sd_configs"]
         kept = 4 + 1 + 1  # the SGLang leaders and workers, the StatefulSet pod, the vLLM leader
-        url = start_prometheus_with(procs, tmp_path, [job], kept)
+        url = start_prometheus_with(procs, tmp_path, [job, {**job, "job_name": "generic"}][:jobs], kept * jobs)
 
         up = {r["metric"]["pod"]: r["metric"] for r in query(url, "up == 1")}
         assert set(up) == {p[2] for p in pods if p[1] != "worker" or p[0] != "vwide"}  # vLLM's worker serves nothing
@@ -106,8 +109,9 @@ def test_the_shipped_job_scrapes_sglang_workers_with_their_group_and_not_vllm_he
         # per replica, its leader's and worker's DP groups together: (2+1+3+0) and (1+0+0+0)
         assert signal(promql.secondary_query("sglang", "decode", "queueDepth", "5s")) == {
             "wide": pytest.approx((6 + 1) / 2), "one": pytest.approx(4)}
-        assert signal(promql.load_query("sglang", "decode", "waiting_total", "5s")) == {
-            "wide": pytest.approx(7), "one": pytest.approx(4)}
+        if jobs == 1:  # the sums take each series once per job
+            assert signal(promql.load_query("sglang", "decode", "waiting_total", "5s")) == {
+                "wide": pytest.approx(7), "one": pytest.approx(4)}
     finally:
         procs.stop()
         for e in exporters:

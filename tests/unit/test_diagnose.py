@@ -32,8 +32,10 @@ def test_queries_are_grouped_by_service_one_per_signal():
                 assert "pdserving_io_service=" not in promql  # never one query per service
                 assert "__name__" not in promql  # increase() of several names clashes (Prometheus 422)
     text = lambda e, r, s: " ".join(diagnosis_queries(e, r)[s].promql)  # noqa: E731
-    assert "increase(vllm:nixl_num_failed_transfers_total[1m])" in text("vllm", "vllm-router", "kv_failures")
-    assert "increase(sglang:num_transfer_failed_reqs_total[1m])" in text("sglang", "sglang-router", "kv_failures")
+    for engine, router, metric in (("vllm", "vllm-router", "vllm:nixl_num_failed_transfers_total"),
+                                   ("sglang", "sglang-router", "sglang:num_transfer_failed_reqs_total")):
+        for match in ('!=""', '=""'):  # the pods of an LWS group, the other pods
+            assert f"increase({metric}{{leaderworkerset_sigs_k8s_io_group_key{match}}}[1m])" in text(engine, router, "kv_failures")
     assert "smg_worker_health" in text("sglang", "sglang-router", "unhealthy")
     assert "vllm:admission_rejections_total" in text("vllm", "vllm-router", "overload")
 
@@ -235,12 +237,19 @@ def test_sglang_kv_failures_count_each_request_once_not_once_per_rank(tmp_path):
     if promtool is None:
         pytest.skip("promtool not built (e2e/controlplane/build.sh)")
     series = []
-    # the same two failed requests on a pod of TP 4 (service s) and on a pod of TP 1 (service s1)
-    for svc, tp in (("s", 4), ("s1", 1)):
-        target = f'namespace="ns",pdserving_io_service="{svc}",instance="{svc}:8000",job="pd-engines",pod="{svc}"'
-        series.append({"series": f"up{{{target}}}", "values": "1x16"})
-        series += [{"series": f'sglang:num_transfer_failed_reqs_total{{{target},tp_rank="{r}",pp_rank="0",moe_ep_rank="{r}"}}',
-                    "values": "0x8 2x7"} for r in range(tp)]
+    # the same two failed requests on a pod of TP 4 (service s), on a pod of TP 1 (service s1), and
+    # on a replica of TP 16 over two pods of one LWS group (s2: each pod's 8 ranks count them); two
+    # failed requests on each of two one-pod replicas (s3, its ranks on distinct pods: 4)
+    layouts = {"s": [("s", "", range(4))], "s1": [("s1", "", range(1))],
+               "s2": [("s2-0", "g2", range(8)), ("s2-0-1", "g2", range(8, 16))],
+               "s3": [("s3-0", "", range(2)), ("s3-1", "", range(2))]}
+    for svc, pods in layouts.items():
+        for pod, group, ranks in pods:
+            key = f',leaderworkerset_sigs_k8s_io_group_key="{group}"' if group else ""
+            target = f'namespace="ns",pdserving_io_service="{svc}",instance="{pod}:8000",job="pd-engines",pod="{pod}"{key}'
+            series.append({"series": f"up{{{target}}}", "values": "1x16"})
+            series += [{"series": f'sglang:num_transfer_failed_reqs_total{{{target},tp_rank="{r}",pp_rank="0",moe_ep_rank="{r}"}}',
+                        "values": "0x8 2x7"} for r in ranks]
     (diagnosis, *_) = diagnosis_queries("sglang", "sglang-router", window="2m")["kv_failures"].promql
     template = (ROOT / "charts/pd-operator/templates/prometheusrule.yaml").read_text()
     (rule,) = re.findall(r"record: pdserving:kv_transfer_failures:increase\n\s+expr: (.+)", template)
@@ -252,5 +261,6 @@ def test_sglang_kv_failures_count_each_request_once_not_once_per_rank(tmp_path):
     board = board.replace("$namespace", "ns").replace("$service", ".*").replace("$__rate_interval", "2m")
     for name, expr in (("diagnosis", diagnosis), ("rule", rule), ("dashboard", board)):
         got = _promtool_values(promtool, tmp_path, series, expr, "3m")
-        assert set(got) == {"s", "s1"} and got["s1"] > 0, (name, got)
-        assert got["s"] == pytest.approx(got["s1"]), (name, got)
+        assert set(got) == {"s", "s1", "s2", "s3"} and got["s1"] > 0, (name, got)
+        assert got["s"] == got["s2"] == pytest.approx(got["s1"]), (name, got)
+        assert got["s3"] == pytest.approx(2 * got["s1"]), (name, got)

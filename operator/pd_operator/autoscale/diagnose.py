@@ -38,7 +38,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .promql import NS, SERVICE, by_service, samples
+from .promql import GROUP_KEY, NS, SERVICE, by_service, samples
 
 BY = f"{NS}, {SERVICE}"
 # How far back the counters are read: a failure shows within two scrapes and clears
@@ -71,8 +71,9 @@ KV_FAILURES = {
 # SGLang counts a failed KV transfer on every rank of the request's attention-TP group, each
 # under its own tp_rank (the status is all-reduced over the group and each rank concludes the
 # request: disaggregation/prefill.py handle_inflight_transfer_failure, decode.py
-# _record_transfer_failure; FACTS.md): the most of the group's ranks is the request count. vLLM's
-# and the routers' series carry none of these labels.
+# _record_transfer_failure; FACTS.md): the most of the group's ranks is the request count, over
+# the pods of an LWS group when the replica spans nodes. vLLM's and the routers' series carry
+# none of these labels.
 RANKS = "tp_rank, pp_rank, moe_ep_rank"
 # Requests refused at a queue limit: vLLM's admission counter (HTTP 503); the
 # sglang-router's rate limiter. SGLang's --max-queued-requests is ignored in
@@ -138,8 +139,11 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
     per_series = (f"(({{m}} and ({born})) or ({{m}} and on (instance, job, pod) ({young})) "
                   f"or increase({{m}}[{window}]))")
     inc = f"sum by ({BY}) {per_series}"
-    # an engine's request counted once per rank of the group that handled it: one of them (RANKS)
-    inc_requests = f"sum by ({BY}) (max without ({RANKS}) {per_series})"
+    # an engine's request counted once per rank of the group that handled it: one of them (RANKS),
+    # over the pods of a replica that spans nodes (its LWS group: the ranks of one TP group
+    # there are on several pods), on each pod of any other replica
+    grouped, alone = (per_series.replace("{m}", "{m}{{" + GROUP_KEY + match + '""}}') for match in ("!=", "="))
+    inc_requests = f"sum by ({BY}) (max without ({RANKS}, instance, pod) {grouped} or max without ({RANKS}) {alone})"
     q = {
         # workers the router holds unhealthy / healthy / all (max over the router's replicas)
         "unhealthy": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",),

@@ -189,11 +189,10 @@ def demand_query(engine: str, role: str, window: str = "1m") -> Query:
     self-referential; the benchmark in tests/benchmarks showed both.) Generated tokens as
     the steps produce them (``decode_tokens``) where the engine has a counter of its own for
     that: SGLang's generation counter moves only when a request finishes. There the larger of
-    the two: each misses tokens the other counts. The batches' counter is a scheduler's, and
-    of a replica that spans nodes only the first node is scraped (the others serve /metrics
-    too, but their pods are not scraped: FACTS.md "Series per engine"), so with attention
-    data parallelism over nodes it misses the other nodes' ranks; the
-    finished requests' counter is the tokenizer's, which sees every request, late."""
+    the two: each misses tokens the other counts. The batches' counter is a scheduler's (of a
+    replica that spans nodes, each node's DP groups on that node's pod, all scraped: FACTS.md
+    "Series per engine"), in time; the finished requests' counter is the tokenizer's, which
+    sees every request, late."""
     key = "prompt_tokens" if role == "prefill" else "decode_tokens"
     metric, sel = METRICS[engine][key], _sel(role, METRIC_MATCHERS.get((engine, key), ""))
     produced = f"sum by ({BY}) (rate({metric}{sel}[{window}]))"
@@ -258,11 +257,14 @@ GROUP_KEY = "leaderworkerset_sigs_k8s_io_group_key"
 
 
 def per_replica(series) -> str:
-    """``series`` (a function of one more label matcher) summed per replica: the pods of an LWS
-    group together, any other pod on its own (a scrape target: ``instance``, and ``pod`` where
-    the scrape sets it, as a pod IP reused within the window is another pod)."""
+    """``series`` (a function of one more label matcher) summed per replica and scrape job: the
+    pods of an LWS group together, any other pod on its own (a scrape target: ``instance``, and
+    ``pod`` where the scrape sets it, as a pod IP reused within the window is another pod). A
+    group recreated within the window keeps its key (LWS hashes the leader pod's name): the
+    gone pods' averages add to the new ones' until the window passes them, as a pod replaced
+    in any pool adds to the pool's sums."""
     grouped, alone = series(GROUP_KEY + '!=""'), series(GROUP_KEY + '=""')
-    return f"sum by ({BY}, {GROUP_KEY}) ({grouped}) or sum by ({BY}, job, instance, pod) ({alone})"
+    return f"sum by ({BY}, job, {GROUP_KEY}) ({grouped}) or sum by ({BY}, job, instance, pod) ({alone})"
 
 
 def secondary_query(engine: str, role: str, metric: str, window: str = "1m") -> Query:

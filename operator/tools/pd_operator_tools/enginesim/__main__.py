@@ -245,6 +245,10 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         kv_memory, kv_cap = None, ns.max_total_tokens
         if ns.speculative_algorithm:
             raise ValueError(_SPECULATIVE.format(flag="--speculative-algorithm"))
+        for flag, size in (("--pp-size", ns.pp_size), ("--attn-cp-size", ns.attn_cp_size)):
+            if (size or 1) > 1:  # the ranks' layout over nodes (which node reports which scheduler) and the cost
+                raise ValueError(f"the simulator does not model {flag} {size} (pipeline or attention context "
+                                 "parallelism: its step times, and which ranks, on which node, report the schedulers)")
     try:
         shape = shape_for(model)
     except KeyError:

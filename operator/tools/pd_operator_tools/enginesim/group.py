@@ -96,11 +96,14 @@ async def lead(group: Group, bind: str, on_lost, page=None) -> asyncio.AbstractS
     every PAGE_PERIOD_S."""
 
     async def send_pages(rank: int, writer: asyncio.StreamWriter) -> None:
-        while True:
-            data = page(rank)
-            writer.write(b"%d\n" % len(data) + data)
-            await writer.drain()
-            await asyncio.sleep(PAGE_PERIOD_S)
+        try:
+            while True:
+                data = page(rank)
+                writer.write(b"%d\n" % len(data) + data)
+                await writer.drain()
+                await asyncio.sleep(PAGE_PERIOD_S)
+        except ConnectionError:
+            writer.close()  # the worker sees the end and goes: the replica is down
 
     async def joined(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         line = await reader.readline()
@@ -118,6 +121,7 @@ async def lead(group: Group, bind: str, on_lost, page=None) -> asyncio.AbstractS
         await reader.read()  # until the worker goes
         if sender is not None:
             sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
         group.joined.discard(rank)
         group.lost = True
         print(f"pd-sim: node rank {rank} lost: the replica is down", file=sys.stderr, flush=True)
