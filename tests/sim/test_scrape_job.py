@@ -100,7 +100,8 @@ def test_the_shipped_job_scrapes_sglang_workers_with_their_group_and_not_vllm_he
         assert set(up) == {p[2] for p in pods if p[1] != "worker" or p[0] != "vwide"}  # vLLM's worker serves nothing
         worker = up["wide-decode-3f9a-1"]
         assert (worker["namespace"], worker["pdserving_io_service"], worker["pdserving_io_role"]) == ("ns", "wide", "decode")
-        assert worker["leaderworkerset_sigs_k8s_io_group_key"] == "3f9a"
+        assert (worker["leaderworkerset_sigs_k8s_io_group_key"], worker["leaderworkerset_sigs_k8s_io_worker_index"]) == ("3f9a", "1")
+        assert up["wide-decode-3f9a-0"]["leaderworkerset_sigs_k8s_io_worker_index"] == "0"
         assert "leaderworkerset_sigs_k8s_io_group_key" not in up["one-decode-0"]
 
         def signal(q) -> dict[str, float]:

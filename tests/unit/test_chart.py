@@ -957,7 +957,8 @@ def test_each_release_in_a_namespace_can_have_its_own_lease(tmp_path):
 
 def test_the_replicas_panel_counts_a_group_over_nodes_once(tmp_path):
     """The engine scrape keeps SGLang's worker pods (they serve their own schedulers' metrics) with
-    LWS's group key: the panel counts each group once, each pod of a StatefulSet pool once."""
+    LWS's worker index: the panel counts each group once, by its leader (the pod serving the
+    API: a group whose leader is down is not counted), each pod of a StatefulSet pool once."""
     from tests.unit.test_diagnose import _promtool_values
 
     dash = json.loads((CHART / "dashboards" / "pd-operator.json").read_text())
@@ -965,9 +966,11 @@ def test_the_replicas_panel_counts_a_group_over_nodes_once(tmp_path):
     (expr,) = [t["expr"] for t in panel["targets"] if t["expr"].startswith("count")]
     expr = expr.replace("$namespace", "ns").replace("$service", ".*")
     up = 'up{{namespace="ns",pdserving_io_service="{}",pdserving_io_role="decode",pod="{}"{}}}'
-    group = ',leaderworkerset_sigs_k8s_io_group_key="{}"'
-    series = ([{"series": up.format("wide", f"w-{g}-{i}", group.format(g)), "values": "1x8"}
+    group = ',leaderworkerset_sigs_k8s_io_group_key="{}",leaderworkerset_sigs_k8s_io_worker_index="{}"'
+    series = ([{"series": up.format("wide", f"w-{g}-{i}", group.format(g, i)), "values": "1x8"}
                for g in ("a", "b") for i in range(4)]
+              + [{"series": up.format("wide", f"w-c-{i}", group.format("c", i)), "values": "0x8" if i == 0 else "1x8"}
+                 for i in range(4)]
               + [{"series": up.format("one", f"o-{i}", ""), "values": "1x8"} for i in range(3)]
               + [{"series": up.format("one", "o-down", ""), "values": "0x8"}])
     assert _promtool_values(PROMTOOL, tmp_path, series, expr, "1m") == {"wide": 2.0, "one": 3.0}
