@@ -344,3 +344,29 @@ def test_an_sglang_max_total_tokens_that_leaves_no_pool_is_refused():
         render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "32", "--page-size", "64"]})))
     assert "no page of 64 tokens" in dict(info.value.problems)["spec.decode.extraArgs"]
     render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "64", "--page-size", "64"]})))
+
+
+@pytest.mark.parametrize("args,page", [
+    # FlashMLA pages by 64 whatever --page-size says (arg_groups/overrides.py
+    # _mla_backend_page_constraints), as the decode backend too
+    (["--attention-backend", "flashmla"], 64),
+    (["--decode-attention-backend", "flashmla", "--page-size", "32"], 64),
+    # TRT-LLM MLA keeps 32 or 64, any other becomes 64; TRT-LLM MHA keeps 16..128
+    (["--attention-backend", "trtllm_mla", "--page-size", "32"], 32),
+    (["--attention-backend", "trtllm_mla", "--page-size", "16"], 64),
+    (["--prefill-attention-backend", "trtllm_mha", "--page-size", "16"], 16),
+    (["--speculative-draft-attention-backend", "trtllm_mha"], 64),
+    # a backend that forces none: the flag's page (1 without it)
+    (["--attention-backend", "fa3"], 1),
+])
+def test_the_page_an_sglang_attention_backend_forces_bounds_max_total_tokens(args, page):
+    from pd_operator.render import render
+
+    def spec(cap: int) -> dict:
+        return minimal("sglang", decode={"extraArgs": args + ["--max-total-tokens", str(cap)]})
+
+    if page > 1:
+        with pytest.raises(SpecError) as info:
+            render(validate_service(spec(page - 1)))
+        assert f"no page of {page} tokens" in dict(info.value.problems)["spec.decode.extraArgs"]
+    render(validate_service(spec(page)))

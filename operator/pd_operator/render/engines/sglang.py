@@ -36,13 +36,29 @@ API_KEY_ENV = "PD_ENGINE_API_KEY"
 # --dist-init-addr HOST:PORT and, for DP attention, binds ZMQ sockets on HOST
 # itself (PortArgs.init_new, the DP controller): HOST is the leader's pod IP
 # (tests/contract/FACTS.md, "Replicas that span nodes"); nodes of rank >= 1
-# serve no HTTP (http_server.py launch_server returns after the schedulers exit).
+# serve no API (http_server.py launch_server returns after the schedulers exit), only
+# /health and /metrics (launch_dummy_health_check_server).
 DIST_INIT_PORT = 20000
 DIST_INIT_PORTS = 8
 # With attention DP, node 0 also answers the other nodes' worker-ports handshake
 # at the --dist-init-addr port + 13 (server_args.py DP_ATTENTION_HANDSHAKE_PORT_DELTA,
 # data_parallel_controller.py).
 DP_ATTENTION_HANDSHAKE_PORT_DELTA = 13
+
+
+# The attention backend flags, and the backends that force the KV page (arg_groups/overrides.py
+# ``_mla_backend_page_constraints``): (backend, the flags it counts on, the pages it keeps; any
+# other becomes 64). FlashMLA keeps none but 64.
+ATTENTION_BACKEND_FLAGS = ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend",
+                           "--speculative-draft-attention-backend")
+_MAIN, _DECODE, _PREFILL, _DRAFT = ATTENTION_BACKEND_FLAGS
+BACKEND_PAGES = (
+    ("flashmla", (_MAIN, _DECODE), (64,)),
+    ("trtllm_mla", (_MAIN, _DECODE), (32, 64)),
+    ("cutedsl_mla", (_MAIN, _DECODE, _PREFILL), (32, 64)),
+    ("trtllm_mha", (_MAIN, _DECODE, _PREFILL, _DRAFT), (16, 32, 64, 128)),
+    ("hpc_ops", (_MAIN, _DECODE, _PREFILL), (64,)),
+)
 
 
 class SGLangAdapter(EngineAdapter):
@@ -79,21 +95,35 @@ class SGLangAdapter(EngineAdapter):
     max_seqs_flag = "--max-running-requests"
     step_tokens_flag = "--chunked-prefill-size"
 
+    def page_size(self, role: str) -> int:
+        """The KV page of a role's engine: ``--page-size`` (on GPUs, 1 when not given:
+        arg_groups/overrides.py ``_page_size_default``), then as the attention backends the
+        flags name force it (same file, ``_mla_backend_page_constraints``, in its order). Not
+        followed: a backend SGLang picks by itself when none is named, and FA4's 128 on
+        Blackwell (``_fa4_page_constraint``: it depends on the GPU and the model)."""
+        from ..args import user_engine_flag
+
+        page = max(1, user_engine_flag(self.spec, role, "--page-size") or 1)
+        named = {flag: user_engine_flag(self.spec, role, flag) for flag in ATTENTION_BACKEND_FLAGS}
+        for backend, flags, keeps in BACKEND_PAGES:
+            if any(named[flag] == backend for flag in flags) and page not in keeps:
+                page = 64
+        return page
+
     def check_extra_args(self) -> None:
         """Also: ``--max-total-tokens`` must leave a page in the pool. SGLang caps each worker's
         pool at min(profiled, value) (mem_cache/kv_cache_configurator.py
         ``_apply_token_constraints``), rounds it down to whole pages
         (model_executor/pool_configurator.py ``calculate_pool_sizes_from_max_tokens``) and
         refuses to start on an empty one (same file, ``MemoryPoolConfig.__post_init__``: "Not
-        enough memory"). The page is ``--page-size`` when given; the attention backends that
-        force a larger one (arg_groups/overrides.py) are not known here: without it, 1."""
+        enough memory"). The page: ``page_size``."""
         from ...api.errors import SpecError
         from ..args import flag_field, user_engine_flag
 
         super().check_extra_args()
         for role in ("prefill", "decode"):
             cap = user_engine_flag(self.spec, role, "--max-total-tokens")
-            page = max(1, user_engine_flag(self.spec, role, "--page-size") or 1)
+            page = self.page_size(role)
             if cap is not None and cap < page:
                 raise SpecError([(flag_field(self.spec, role, "--max-total-tokens"),
                                   f"--max-total-tokens {cap} leaves no page of {page} tokens in the {role} pool's KV "
