@@ -251,8 +251,8 @@ def cached_share_query(engine: str, window: str = "1m") -> Query:
 # engine"). Every pod of a group carries LWS's group key (the leader from LWS's pod webhook,
 # the workers from their StatefulSet's template: pkg/webhooks/pod_webhook.go,
 # pkg/controllers/pod_controller.go), which the scrape job copies as this label
-# (manifests/prometheus/scrape-engines.yaml); a pod
-# of a StatefulSet pool has none and is a replica of its own.
+# (manifests/prometheus/scrape-engines.yaml); a pod of a StatefulSet pool has none and is
+# a replica of its own.
 GROUP_KEY = "leaderworkerset_sigs_k8s_io_group_key"
 
 

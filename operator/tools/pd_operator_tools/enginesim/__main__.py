@@ -302,7 +302,8 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
 async def _serve(cfg: SimConfig) -> int:
     group = cfg.group
     if group is not None and not group.leader:
-        # a worker node: no HTTP (SGLang node_rank >= 1, vLLM --headless); it lives as long as the leader
+        # a worker node: no API (SGLang's node_rank >= 1 serves /health and its node's /metrics,
+        # vLLM --headless nothing); it lives as long as the leader
         print(f"pd-sim: {cfg.flavor} {cfg.role} worker, node rank {group.rank}/{group.size}", file=sys.stderr, flush=True)
         runners = []
 
