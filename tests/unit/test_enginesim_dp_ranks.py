@@ -34,9 +34,29 @@ def page_ranks(sink: PromSink, node: int, name: str = "sglang:num_queue_reqs") -
 ])
 def test_each_group_reports_from_the_node_of_its_first_rank(dp, tp, nodes, where):
     sink = PromSink("sglang", "m", "decode", dp=dp, tp=tp, nodes=nodes)
-    assert set(sink.node_registries) == set(where)
-    for node, ranks in where.items():
-        assert {d: t for d, (t, _v) in page_ranks(sink, node).items()} == ranks
+    assert set(sink.node_registries) == set(range(nodes))
+    for node in range(nodes):
+        assert {d: t for d, (t, _v) in page_ranks(sink, node).items()} == where.get(node, {})
+
+
+def test_a_failed_transfer_counts_on_every_rank_of_its_group_on_their_nodes():
+    """SGLang counts a failed KV transfer on every rank of the request's attention-TP group
+    (disaggregation/decode.py _record_transfer_failure), each on its own node: TP 16 over two
+    nodes without attention DP, ranks 0-7 on node 0, 8-15 on node 1; with attention DP 4, the
+    request's group only (its 4 ranks)."""
+    name = "sglang:num_transfer_failed_reqs_total"
+    sink = PromSink("sglang", "m", "decode", dp=1, tp=16, nodes=2)
+    assert page_ranks(sink, 0, name) == {} == page_ranks(sink, 1, name)  # created at the first failure
+    sink.kv_transfer_failed()
+
+    def ranks(node: int) -> list[str]:
+        text = generate_latest(sink.node_registries[node]).decode()
+        return sorted(re.findall(r'^' + re.escape(name) + r'\{[^}]*tp_rank="(\d+)"[^}]*\} 1\.0$', text, re.M), key=int)
+
+    assert ranks(0) == [str(r) for r in range(8)] and ranks(1) == [str(r) for r in range(8, 16)]
+    sink = PromSink("sglang", "m", "decode", dp=4, tp=16, nodes=2)
+    sink.kv_transfer_failed(rank=3)
+    assert ranks(0) == [] and ranks(1) == ["12", "13", "14", "15"]
 
 
 def test_the_groups_gauges_add_up_to_the_replica():

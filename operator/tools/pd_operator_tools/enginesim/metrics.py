@@ -32,7 +32,8 @@ vLLM, by KV connector: ``vllm:nixl_num_failed_transfers``, ``vllm:nixl_num_faile
 created at 0 per engine as vLLM does; ``vllm:admission_rejections{model_name, reason}`` for
 ``max_num_queued_reqs`` and ``max_num_queued_tokens``, at 0. SGLang:
 ``sglang:num_transfer_failed_reqs_total`` and ``sglang:num_bootstrap_failed_reqs_total``, whose
-series appear at the first failure (SGLang calls ``.labels()`` only when it counts one).
+series appear at the first failure (SGLang calls ``.labels()`` only when it counts one), one per
+TP rank of the request's attention-TP group, each on the page of its node.
 
 Sim-only (for harnesses): ``pdsim_kv_transfer_seconds`` histogram.
 Every sink also keeps the raw samples (bounded) for tests (``samples``).
@@ -220,11 +221,22 @@ class PromSink(Sink):
                 slv = (served_name, role, str(d * (tp // dp) if dp > 1 else 0)) + ((str(d),) if dp > 1 else ())
                 self._sched.append({k: (f if k == "realtime" else f.labels(*slv)) for k, f in fam.items()}
                                    | {"lv": slv})
-            # series appear at the first failure (metrics_collector.increment_transfer_failed_reqs)
-            self._sgl_failed = Counter(p + "num_transfer_failed_reqs_total", "The number of transfer failed requests.",
-                                       names, registry=r)
-            Counter(p + "num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.", names, registry=r)
+            # a failed transfer is counted by every rank of the request's attention-TP group, each
+            # under its tp_rank, on its own node (disaggregation/decode.py _record_transfer_failure,
+            # a collector on every rank with metrics on); series appear at the first failure
+            # (metrics_collector.increment_transfer_failed_reqs)
+            fn = names + (["dp_rank"] if dp > 1 else [])
+            failed = {}
+            for node in range(max(1, nodes)):
+                reg = self.node_registries.setdefault(node, CollectorRegistry())
+                failed[node] = Counter(p + "num_transfer_failed_reqs_total", "The number of transfer failed requests.",
+                                       fn, registry=reg)
+                Counter(p + "num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.", fn, registry=reg)
+            attn_tp = tp // dp if dp > 1 else tp
+            self._sgl_failed = [[(failed[rank // per_node], (served_name, role, str(rank)) + ((str(d),) if dp > 1 else ()))
+                                 for rank in range(d * attn_tp, (d + 1) * attn_tp)] for d in range(max(1, dp))]
             self._sgl_lv = lv
+            self._fail_turn = 0
             self._rejections = {}
         self._xfer = Histogram("pdsim_kv_transfer_seconds", "Simulated KV transfer (admission to KV ready)",
                                registry=r, buckets=XFER_BUCKETS)
@@ -275,12 +287,17 @@ class PromSink(Sink):
             g["gen_throughput"].set_function(lambda: gen_throughput() / dp)
 
     # ---- failures ----------------------------------------------------------------
-    def kv_transfer_failed(self) -> None:
+    def kv_transfer_failed(self, rank: int | None = None) -> None:
+        """A failed KV transfer of a request of DP group ``rank`` (SGLang: on each of its TP ranks;
+        None: the groups in turn, as the DP controller deals the requests)."""
         if self.flavor == "vllm":
             if self._kv_failed is not None:
                 self._kv_failed.inc()
         else:
-            self._sgl_failed.labels(*self._sgl_lv).inc()
+            if rank is None:
+                rank, self._fail_turn = self._fail_turn, (self._fail_turn + 1) % len(self._sgl_failed)
+            for family, labels in self._sgl_failed[rank]:
+                family.labels(*labels).inc()
 
     def admission_rejected(self, reason: str) -> None:
         if reason in self._rejections:
