@@ -955,6 +955,7 @@ def test_each_release_in_a_namespace_can_have_its_own_lease(tmp_path):
     assert 'lookup "v1" "Pod" $.Release.Namespace (regexReplaceAll "_[^_]*$" . "")' in rbac
 
 
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not built (e2e/controlplane/build.sh)")
 def test_the_replicas_panel_counts_a_group_over_nodes_once(tmp_path):
     """The engine scrape keeps SGLang's worker pods (they serve their own schedulers' metrics) with
     LWS's worker index: the panel counts each group once, by its leader (the pod serving the

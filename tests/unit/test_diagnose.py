@@ -244,8 +244,10 @@ def test_sglang_kv_failures_count_each_request_once_not_once_per_rank(tmp_path):
                "s2": [("s2-0", "g2", range(8)), ("s2-0-1", "g2", range(8, 16))],
                "s3": [("s3-0", "", range(2)), ("s3-1", "", range(2))]}
     for svc, pods in layouts.items():
-        for pod, group, ranks in pods:
-            key = f',leaderworkerset_sigs_k8s_io_group_key="{group}"' if group else ""
+        for index, (pod, group, ranks) in enumerate(pods):
+            # the labels the scrape job copies from an LWS group's pods
+            key = (f',leaderworkerset_sigs_k8s_io_group_key="{group}",leaderworkerset_sigs_k8s_io_worker_index="{index}"'
+                   if group else "")
             target = f'namespace="ns",pdserving_io_service="{svc}",instance="{pod}:8000",job="pd-engines",pod="{pod}"{key}'
             series.append({"series": f"up{{{target}}}", "values": "1x16"})
             series += [{"series": f'sglang:num_transfer_failed_reqs_total{{{target},tp_rank="{r}",pp_rank="0",moe_ep_rank="{r}"}}',

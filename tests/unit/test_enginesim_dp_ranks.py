@@ -55,7 +55,7 @@ def test_a_failed_transfer_counts_on_every_rank_of_its_group_on_their_nodes():
 
     assert ranks(0) == [str(r) for r in range(8)] and ranks(1) == [str(r) for r in range(8, 16)]
     sink = PromSink("sglang", "m", "decode", dp=4, tp=16, nodes=2)
-    sink.kv_transfer_failed(rank=3)
+    sink.kv_transfer_failed(group=3)
     assert ranks(0) == [] and ranks(1) == ["12", "13", "14", "15"]
 
 

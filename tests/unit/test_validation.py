@@ -356,6 +356,18 @@ def test_an_sglang_max_total_tokens_that_leaves_no_pool_is_refused():
     (["--attention-backend", "trtllm_mla", "--page-size", "16"], 64),
     (["--prefill-attention-backend", "trtllm_mha", "--page-size", "16"], 16),
     (["--speculative-draft-attention-backend", "trtllm_mha"], 64),
+    (["--prefill-attention-backend", "trtllm_mha", "--page-size", "128"], 128),
+    (["--attention-backend", "cutedsl_mla", "--page-size", "32"], 32),
+    (["--prefill-attention-backend", "hpc_ops", "--page-size", "16"], 64),
+    # in order: trtllm_mha keeps 16, then hpc_ops makes it 64
+    (["--page-size", "16", "--prefill-attention-backend", "trtllm_mha", "--attention-backend", "hpc_ops"], 64),
+    # the deprecated tokenspeed_mla is cutedsl_mla (serving_hook.py _handle_deprecated_args)
+    (["--attention-backend", "tokenspeed_mla"], 64),
+    # an NVFP4 KV cache decodes on trtllm_mha (kv_cache_hook.py)
+    (["--kv-cache-dtype", "nvfp4", "--page-size", "8"], 64),
+    # prefill and decode alike name the backend (overrides.py _attention_backend_default): the
+    # flashmla given as --attention-backend is not used, nothing forces the page
+    (["--attention-backend", "flashmla", "--prefill-attention-backend", "fa3", "--decode-attention-backend", "fa3"], 1),
     # a backend that forces none: the flag's page (1 without it)
     (["--attention-backend", "fa3"], 1),
 ])
@@ -370,3 +382,16 @@ def test_the_page_an_sglang_attention_backend_forces_bounds_max_total_tokens(arg
             render(validate_service(spec(page - 1)))
         assert f"no page of {page} tokens" in dict(info.value.problems)["spec.decode.extraArgs"]
     render(validate_service(spec(page)))
+
+
+def test_a_pools_attention_backend_overrides_the_engines_for_its_page():
+    from pd_operator.render import render
+
+    obj = minimal("sglang", engine={"kind": "sglang", "extraArgs": ["--attention-backend", "flashmla"]},
+                  prefill={"extraArgs": ["--max-total-tokens", "32"]},
+                  decode={"extraArgs": ["--attention-backend", "fa3", "--max-total-tokens", "32"]})
+    with pytest.raises(SpecError) as info:  # prefill keeps the engine's flashmla: a page of 64
+        render(validate_service(obj))
+    assert set(dict(info.value.problems)) == {"spec.prefill.extraArgs"}
+    obj["spec"]["prefill"]["extraArgs"] = ["--max-total-tokens", "64"]
+    render(validate_service(obj))

@@ -38,7 +38,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .promql import GROUP_KEY, NS, SERVICE, by_service, samples
+from .promql import GROUP_KEY, NS, SERVICE, WORKER_INDEX, by_service, samples
 
 BY = f"{NS}, {SERVICE}"
 # How far back the counters are read: a failure shows within two scrapes and clears
@@ -143,7 +143,8 @@ def diagnosis_queries(engine: str, router: str, window: str = WINDOW) -> dict[st
     # over the pods of a replica that spans nodes (its LWS group: the ranks of one TP group
     # there are on several pods), on each pod of any other replica
     grouped, alone = (per_series.replace("{m}", "{m}{{" + GROUP_KEY + match + '""}}') for match in ("!=", "="))
-    inc_requests = f"sum by ({BY}) (max without ({RANKS}, instance, pod) {grouped} or max without ({RANKS}) {alone})"
+    inc_requests = (f"sum by ({BY}) (max without ({RANKS}, instance, pod, {WORKER_INDEX}) {grouped} "
+                    f"or max without ({RANKS}) {alone})")
     q = {
         # workers the router holds unhealthy / healthy / all (max over the router's replicas)
         "unhealthy": (f"count by ({BY}) (max by ({BY}, worker) ({r['worker_health']}) == 0)",),

@@ -254,6 +254,8 @@ def cached_share_query(engine: str, window: str = "1m") -> Query:
 # (manifests/prometheus/scrape-engines.yaml); a pod of a StatefulSet pool has none and is
 # a replica of its own.
 GROUP_KEY = "leaderworkerset_sigs_k8s_io_group_key"
+# and LWS's worker index (0: the leader), copied alike: a label that tells a group's pods apart
+WORKER_INDEX = "leaderworkerset_sigs_k8s_io_worker_index"
 
 
 def per_replica(series) -> str:

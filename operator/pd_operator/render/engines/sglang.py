@@ -99,12 +99,24 @@ class SGLangAdapter(EngineAdapter):
         """The KV page of a role's engine: ``--page-size`` (on GPUs, 1 when not given:
         arg_groups/overrides.py ``_page_size_default``), then as the attention backends the
         flags name force it (same file, ``_mla_backend_page_constraints``, in its order). Not
-        followed: a backend SGLang picks by itself when none is named, and FA4's 128 on
-        Blackwell (``_fa4_page_constraint``: it depends on the GPU and the model)."""
+        followed: a backend SGLang picks by itself when none is named (by GPU and model), and
+        FA4's 128 on Blackwell (``_fa4_page_constraint``: it depends on the GPU and the model)."""
         from ..args import user_engine_flag
 
         page = max(1, user_engine_flag(self.spec, role, "--page-size") or 1)
         named = {flag: user_engine_flag(self.spec, role, flag) for flag in ATTENTION_BACKEND_FLAGS}
+        # what the hooks before it make of the flags: the deprecated tokenspeed_mla is
+        # cutedsl_mla (trtllm_mla for prefill: arg_groups/serving_hook.py
+        # _handle_deprecated_args); an NVFP4 KV cache decodes on trtllm_mha
+        # (kv_cache_hook.py); a prefill backend equal to the decode one is the backend
+        # (overrides.py _attention_backend_default)
+        for flag in ATTENTION_BACKEND_FLAGS:
+            if named[flag] == "tokenspeed_mla":
+                named[flag] = "trtllm_mla" if flag == _PREFILL else "cutedsl_mla"
+        if user_engine_flag(self.spec, role, "--kv-cache-dtype") == "nvfp4" and named[_DECODE] is None:
+            named[_DECODE] = "trtllm_mha"
+        if named[_PREFILL] is not None and named[_PREFILL] == named[_DECODE]:
+            named[_MAIN] = named[_PREFILL]
         for backend, flags, keeps in BACKEND_PAGES:
             if any(named[flag] == backend for flag in flags) and page not in keeps:
                 page = 64

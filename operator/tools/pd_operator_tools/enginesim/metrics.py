@@ -287,16 +287,16 @@ class PromSink(Sink):
             g["gen_throughput"].set_function(lambda: gen_throughput() / dp)
 
     # ---- failures ----------------------------------------------------------------
-    def kv_transfer_failed(self, rank: int | None = None) -> None:
-        """A failed KV transfer of a request of DP group ``rank`` (SGLang: on each of its TP ranks;
-        None: the groups in turn, as the DP controller deals the requests)."""
+    def kv_transfer_failed(self, group: int | None = None) -> None:
+        """A failed KV transfer of a request of attention-DP group ``group`` (SGLang: on each of its
+        TP ranks; None: the groups in turn, as the DP controller deals the requests)."""
         if self.flavor == "vllm":
             if self._kv_failed is not None:
                 self._kv_failed.inc()
         else:
-            if rank is None:
-                rank, self._fail_turn = self._fail_turn, (self._fail_turn + 1) % len(self._sgl_failed)
-            for family, labels in self._sgl_failed[rank]:
+            if group is None:
+                group, self._fail_turn = self._fail_turn, (self._fail_turn + 1) % len(self._sgl_failed)
+            for family, labels in self._sgl_failed[group]:
                 family.labels(*labels).inc()
 
     def admission_rejected(self, reason: str) -> None:
