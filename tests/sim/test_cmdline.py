@@ -204,7 +204,10 @@ def test_sglang_sim_auth_metrics_flag_and_disconnect(procs):
     assert get(base + "/get_server_info")[0] == 401
     assert get(base + "/get_server_info", {"Authorization": "Bearer k"})[0] == 200
     text = get(base + "/metrics")[1]
-    assert 'sglang:num_running_reqs{engine_type="unified",model_name="q",tp_rank="0"} 0.0' in text
+    # a scheduler's series carry its ranks, the tokenizer's none (observability/metrics_collector.py)
+    assert ('sglang:num_running_reqs{engine_type="unified",model_name="q",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.0'
+            in text)
+    assert 'sglang:generation_tokens_total{engine_type="unified",model_name="q"} 0.0' in text
 
     import http.client
     import time

@@ -351,7 +351,7 @@ class _PrefillTimes(Sink):
     def __init__(self):
         self.total, self.count = 0.0, 0
 
-    def prefill_time(self, v: float) -> None:
+    def prefill_time(self, v: float, rank: int = 0) -> None:
         self.total += v
         self.count += 1
 

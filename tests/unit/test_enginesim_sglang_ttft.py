@@ -63,7 +63,7 @@ def test_generated_tokens_count_at_the_end_and_as_the_decode_batches_run():
     def counters() -> tuple[float, float]:
         page = parse_metrics(generate_latest(registry).decode())
         decoded = sum(v for k, v in page.items() if k.startswith("sglang:realtime_tokens_total") and 'mode="decode"' in k)
-        return page['sglang:generation_tokens_total{engine_type="decode",model_name="q",tp_rank="0"}'], decoded
+        return page['sglang:generation_tokens_total{engine_type="decode",model_name="q"}'], decoded
 
     clock.run(until=1.0)
     assert req.finished is None and 0 < req.generated < 400

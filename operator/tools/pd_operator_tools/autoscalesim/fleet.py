@@ -340,7 +340,7 @@ class PrefillSink(Sink):
     def ttft(self, v: float) -> None:
         self.ttft_hist.observe(v)
 
-    def prefill_time(self, v: float) -> None:
+    def prefill_time(self, v: float, rank: int = 0) -> None:
         self.prefill_sum += v
         self.prefill_count += 1
 

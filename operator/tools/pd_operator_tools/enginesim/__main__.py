@@ -282,6 +282,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
     return SimConfig(
         flavor=flavor, model=model, served_names=served, shape=shape,
         host=opts.bind or host, port=opts.bind_port or port, role=role, tp=tp, dp=dp, ep=ep,
+        moe_dp=getattr(ns, "moe_dp_size", None) or 1,
         max_num_seqs=max_seqs, max_batched_tokens=max_tokens, performance_mode=performance_mode,
         max_model_len=max_len or shape.max_model_len,
         # the calibration's capacity is at full memory; vLLM's default 0.92 is ~ that

@@ -59,8 +59,8 @@ class Sink:
         self.ttft(v)
     def itl(self, v: float) -> None: ...
     def e2e(self, v: float) -> None: ...
-    def queue(self, v: float) -> None: ...
-    def prefill_time(self, v: float) -> None: ...
+    def queue(self, v: float, rank: int = 0) -> None: ...  # by the request's DP rank
+    def prefill_time(self, v: float, rank: int = 0) -> None: ...
     def decode_time(self, v: float) -> None: ...
     def transfer(self, v: float) -> None: ...
     def finished(self, req: "SimRequest") -> None: ...
@@ -213,7 +213,7 @@ class Engine:
             self.waiting.popleft()
             self.kv_used += req.reserve
             req.admitted = now
-            self.sink.queue(now - req.arrival)
+            self.sink.queue(now - req.arrival, req.dp_rank)
             if req.kv_transfer:
                 self.transferring.append(req)
                 dt = self.cost.transfer_ms(req.prompt_tokens, self.link) / 1e3
@@ -276,7 +276,7 @@ class Engine:
                 continue
             r.computed += n
             if r.computed >= r.prompt_tokens:
-                self.sink.prefill_time(now - (r.admitted if r.admitted is not None else r.arrival))
+                self.sink.prefill_time(now - (r.admitted if r.admitted is not None else r.arrival), r.dp_rank)
                 self.sink.prompt_tokens(r.prompt_tokens)
                 self._token(r, now)
         self._kick()

@@ -14,16 +14,19 @@ histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seco
 (no prefix cache: on a decode pod, the prompts whose KV it pulled; 0 on a prefill pod). A decode
 pod counts its requests' prompts in ``prompt_tokens_total`` too, as both engines do.
 
-SGLang (labels ``model_name``, ``engine_type`` = unified|prefill|decode,
-``tp_rank`` = "0"): histograms ``sglang:time_to_first_token_seconds``,
-``sglang:inter_token_latency_seconds``, ``sglang:e2e_request_latency_seconds``,
+SGLang, the tokenizer's series (labels ``model_name``, ``engine_type`` = unified|prefill|decode;
+observability/metrics_collector.py tokenizer_metric_labels): histograms
+``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
+``sglang:e2e_request_latency_seconds``, ``sglang:prompt_tokens_histogram``,
+``sglang:uncached_prompt_tokens_histogram``, ``sglang:generation_tokens_histogram``; counters
+``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total``. Each scheduler's series (one
+per attention-DP group; labels ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``,
+``moe_ep_rank``, and ``dp_rank`` with DP; SchedulerMetricsCollector): histograms
 ``sglang:queue_time_seconds``, ``sglang:per_stage_req_latency_seconds`` (stage
-``prefill_forward`` only), ``sglang:prompt_tokens_histogram``,
-``sglang:uncached_prompt_tokens_histogram``, ``sglang:generation_tokens_histogram``; gauges ``sglang:num_running_reqs``,
-``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:gen_throughput``,
-``sglang:cache_hit_rate``, ``sglang:num_decode_prealloc_queue_reqs``,
-``sglang:num_decode_transfer_queue_reqs``; counters
-``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total``.
+``prefill_forward`` only); gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+``sglang:token_usage``, ``sglang:gen_throughput``, ``sglang:cache_hit_rate``,
+``sglang:num_decode_prealloc_queue_reqs``, ``sglang:num_decode_transfer_queue_reqs``; counter
+``sglang:realtime_tokens_total`` (decode).
 
 Failures (the real engines' names and labels; tests/contract/FACTS.md "Serving diagnosis"):
 vLLM, by KV connector: ``vllm:nixl_num_failed_transfers``, ``vllm:nixl_num_failed_notifications``,
@@ -85,13 +88,14 @@ class PromSink(Sink):
     """Sink that exports an engine's observations in its engine's dialect."""
 
     def __init__(self, flavor: str, served_name: str, role: str, registry: CollectorRegistry | None = None,
-                 kv_connector: str | None = None, dp: int = 1, tp: int = 1, nodes: int = 1):
-        """``dp``, ``tp``, ``nodes``: SGLang's attention-DP groups, tensor-parallel ranks and nodes
-        of the replica. Each group's scheduler exports its own series (label ``dp_rank`` with
-        DP), from the node its first rank is on (``node_registries``: the leader's is
-        ``registry``; a node of rank >= 1 serves its own, FACTS.md "Series per engine"): the
-        gauges and the decode batches' token counter. The sim keeps the schedulers' histograms
-        (queue time, per-stage latency) whole, on node 0: they enter means, not sums."""
+                 kv_connector: str | None = None, dp: int = 1, tp: int = 1, nodes: int = 1, ep: int = 1,
+                 moe_dp: int = 1):
+        """``dp``, ``tp``, ``nodes``, ``ep``, ``moe_dp``: SGLang's attention-DP groups, tensor-parallel
+        ranks, nodes, expert-parallel and MoE data-parallel sizes of the replica. Each group's
+        scheduler exports its own series (label ``dp_rank`` with DP; ``moe_ep_rank`` its first
+        rank's in the MoE EP group), from the node its first rank is on (``node_registries``: the
+        leader's is ``registry``; a node of rank >= 1 serves its own, FACTS.md "Series per
+        engine"): gauges, histograms and the decode batches' token counter."""
         if flavor not in ("vllm", "sglang"):
             raise ValueError(flavor)
         self.flavor = flavor
@@ -153,8 +157,8 @@ class PromSink(Sink):
                           ["model_name", "reason"], registry=r)
             self._rejections = {why: rej.labels(served_name, why) for why in ("max_num_queued_reqs", "max_num_queued_tokens")}
         else:
-            names = ["model_name", "engine_type", "tp_rank"]
-            lv = (served_name, role, "0")
+            names = ["model_name", "engine_type"]
+            lv = (served_name, role)
             p = "sglang:"
             # a PD prefill worker never observes TTFT (managers/tokenizer_manager.py, collect_metrics);
             # SGLang labels it is_streaming and creates each series at its first observation
@@ -167,7 +171,6 @@ class PromSink(Sink):
                                   buckets=SGLANG_ITL_BUCKETS).labels(*lv)
             self._e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end latency", names, registry=r,
                                   buckets=SGLANG_E2E_BUCKETS).labels(*lv)
-            self._queue = Histogram(p + "queue_time_seconds", "Time waiting", names, registry=r, buckets=LAT_BUCKETS).labels(*lv)
             self._tpot = self._decode = self._prompt_cached = None
             # every finished request's generated tokens, a PD worker's too; without
             # --generation-tokens-buckets the prompt histogram's default buckets (100, 300, ...:
@@ -180,10 +183,6 @@ class PromSink(Sink):
                                          registry=r, buckets=SGLANG_PROMPT_BUCKETS).labels(*lv)
             self._req_computed = Histogram(p + "uncached_prompt_tokens_histogram", "Histogram of uncached (compute) prompt token length.",
                                            names, registry=r, buckets=SGLANG_PROMPT_BUCKETS).labels(*lv)
-            # SGLang's per-stage latencies; the sim reports the one stage the autoscaler reads:
-            # prefill_forward, a request's first forward to its prefill done (observability/req_time_stats.py)
-            self._prefill = Histogram(p + "per_stage_req_latency_seconds", "The latency of each stage of requests.",
-                                      names + ["stage"], registry=r, buckets=STAGE_BUCKETS).labels(*lv, "prefill_forward")
             self._prompt = Counter(p + "prompt_tokens", "Prefill tokens processed", names, registry=r).labels(*lv)
             # at a request's end (observe_one_finished_request): the tokenizer's, on node 0
             self._gen = Counter(p + "generation_tokens", "Generation tokens processed", names, registry=r).labels(*lv)
@@ -191,8 +190,16 @@ class PromSink(Sink):
             self._g_running = self._g_waiting = self._g_kv = None
             self._g_extra = {}
             # each attention-DP group's scheduler: its first TP rank logs the stats
-            # (observability/metrics_collector.py, is_stats_logging_rank; labels tp_rank, and
-            # dp_rank with DP), from its node: tp_rank // (tp / nodes)
+            # (observability/metrics_collector.py, is_stats_logging_rank; labels tp_rank, pp_rank,
+            # moe_ep_rank, and dp_rank with DP), from its node: tp_rank // (tp / nodes). The rank's
+            # place in the MoE EP group: tp_rank = moe_dp_idx * ep * moe_tp + moe_ep_rank * moe_tp
+            # + moe_tp_idx (distributed/parallel_state.py, initialize_model_parallel: _MOE_EP)
+            moe_tp = max(1, tp // max(1, ep * moe_dp))
+            names = names + ["tp_rank", "pp_rank", "moe_ep_rank"]
+
+            def rank_labels(rank: int) -> tuple:
+                return (served_name, role, str(rank), "0", str(rank % (ep * moe_tp) // moe_tp))
+
             per_node = max(1, tp // max(1, nodes))
             self._sched: list[dict] = []
             families: dict[int, dict] = {}
@@ -218,23 +225,31 @@ class PromSink(Sink):
                         "realtime": (Counter(p + "realtime_tokens", "Total number of tokens processed", sn + ["mode"],
                                              registry=reg) if role == "decode" else None),
                     }
-                slv = (served_name, role, str(d * (tp // dp) if dp > 1 else 0)) + ((str(d),) if dp > 1 else ())
+                slv = rank_labels(d * (tp // dp) if dp > 1 else 0) + ((str(d),) if dp > 1 else ())
                 self._sched.append({k: (f if k == "realtime" else f.labels(*slv)) for k, f in fam.items()}
                                    | {"lv": slv})
-            # a failed transfer is counted by every rank of the request's attention-TP group, each
-            # under its tp_rank, on its own node (disaggregation/decode.py _record_transfer_failure,
-            # a collector on every rank with metrics on); series appear at the first failure
-            # (metrics_collector.increment_transfer_failed_reqs)
+            # every rank of a group with metrics on observes its requests' queue time and stage
+            # latencies (the scheduler collector is made on each rank: SchedulerMetricsCollectorContext
+            # .init_new; req_time_stats.py set_forward_entry_time, observe_per_stage_req_latency) and
+            # counts a failed transfer (disaggregation/decode.py _record_transfer_failure), each under
+            # its own tp_rank, on its own node; these series appear at their first observation. The
+            # sim reports the one stage the autoscaler reads: prefill_forward, a request's first
+            # forward to its prefill done
             fn = names + (["dp_rank"] if dp > 1 else [])
-            failed = {}
+            by_node: dict[int, dict] = {}
             for node in range(max(1, nodes)):
                 reg = self.node_registries.setdefault(node, CollectorRegistry())
-                failed[node] = Counter(p + "num_transfer_failed_reqs_total", "The number of transfer failed requests.",
-                                       fn, registry=reg)
+                by_node[node] = {
+                    "failed": Counter(p + "num_transfer_failed_reqs_total", "The number of transfer failed requests.",
+                                      fn, registry=reg),
+                    "queue": Histogram(p + "queue_time_seconds", "Time waiting", fn, registry=reg, buckets=LAT_BUCKETS),
+                    "prefill": Histogram(p + "per_stage_req_latency_seconds", "The latency of each stage of requests.",
+                                         fn + ["stage"], registry=reg, buckets=STAGE_BUCKETS),
+                }
                 Counter(p + "num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.", fn, registry=reg)
             attn_tp = tp // dp if dp > 1 else tp
-            self._sgl_failed = [[(failed[rank // per_node], (served_name, role, str(rank)) + ((str(d),) if dp > 1 else ()))
-                                 for rank in range(d * attn_tp, (d + 1) * attn_tp)] for d in range(max(1, dp))]
+            self._sgl_ranks = [[(by_node[rank // per_node], rank_labels(rank) + ((str(d),) if dp > 1 else ()))
+                                for rank in range(d * attn_tp, (d + 1) * attn_tp)] for d in range(max(1, dp))]
             self._sgl_lv = lv
             self._fail_turn = 0
             self._rejections = {}
@@ -295,9 +310,9 @@ class PromSink(Sink):
                 self._kv_failed.inc()
         else:
             if group is None:
-                group, self._fail_turn = self._fail_turn, (self._fail_turn + 1) % len(self._sgl_failed)
-            for family, labels in self._sgl_failed[group]:
-                family.labels(*labels).inc()
+                group, self._fail_turn = self._fail_turn, (self._fail_turn + 1) % len(self._sgl_ranks)
+            for families, labels in self._sgl_ranks[group]:
+                families["failed"].labels(*labels).inc()
 
     def admission_rejected(self, reason: str) -> None:
         if reason in self._rejections:
@@ -325,12 +340,17 @@ class PromSink(Sink):
         self._e2e.observe(v)
         self.samples.e2e.append(v)
 
-    def queue(self, v: float) -> None:
-        self._queue.observe(v)
+    def queue(self, v: float, rank: int = 0) -> None:
+        if self.flavor == "vllm":
+            self._queue.observe(v)
+        for families, labels in self._sgl_ranks[rank] if self.flavor == "sglang" else ():
+            families["queue"].labels(*labels).observe(v)
 
-    def prefill_time(self, v: float) -> None:
-        if self._prefill is not None:
+    def prefill_time(self, v: float, rank: int = 0) -> None:
+        if self.flavor == "vllm":
             self._prefill.observe(v)
+        for families, labels in self._sgl_ranks[rank] if self.flavor == "sglang" else ():
+            families["prefill"].labels(*labels, "prefill_forward").observe(v)
 
     def decode_time(self, v: float) -> None:
         if self._decode is not None:

@@ -101,6 +101,7 @@ class SimConfig:
     tp: int = 1
     dp: int = 1  # attention data-parallel ranks of the replica (cost model: the batch is spread over them)
     ep: int = 1  # expert-parallel size (an MoE shape pays one EP dispatch per MoE layer per step)
+    moe_dp: int = 1  # SGLang --moe-dp-size (the schedulers' moe_ep_rank label)
     # --max-num-seqs (vLLM, per data-parallel rank) / --max-running-requests (SGLang, the whole
     # replica); None: not on the command line, the engine's own default (running_limit)
     max_num_seqs: Optional[int] = None
@@ -195,7 +196,8 @@ class SimServer:
         """SGLang's schedulers: one per attention-DP group, over the replica's nodes."""
         if cfg.flavor != "sglang":
             return {}
-        return {"dp": cfg.dp, "tp": cfg.tp, "nodes": cfg.group.size if cfg.group is not None else 1}
+        return {"dp": cfg.dp, "tp": cfg.tp, "nodes": cfg.group.size if cfg.group is not None else 1,
+                "ep": cfg.ep, "moe_dp": cfg.moe_dp}
 
     def node_page(self, node: int) -> bytes:
         """The metrics page a node of rank >= 1 of the replica serves: its schedulers' series."""
