@@ -15,8 +15,12 @@ in flagsets/vllm-0.33.0.json and a contract test checks every emitted line):
   (kv_connector/utils.py ``tp_ratio``, mooncake_connector.py ``_get_tp_ratio``);
   NIXL decode cannot use PP > 1 (nixl/base_worker.py). Rules in api/models.py.
 - lmcache backend: MultiConnector of NixlConnector (the PD handoff, which
-  vllm-router drives) and LMCacheConnectorV1 (CPU/remote cache tier), both
-  kv_both; LMCache reads LMCACHE_CONFIG_FILE (a ConfigMap the renderer writes).
+  vllm-router drives: kv_producer / kv_consumer as above) and LMCacheConnectorV1
+  (CPU/remote cache tier, kv_both); LMCache reads LMCACHE_CONFIG_FILE (a
+  ConfigMap the renderer writes).
+- NIXL's handshake compares dtype, KV-cache dtype, attention backend, hybrid
+  KV-cache manager and EAGLE-family speculation between the pools, and decode's
+  block size must be a multiple of prefill's: ``_check_nixl_pair``.
 - MoRIIOConnector (ROCm only): ports in ``kv_connector_extra_config``, and
   ``proxy_ip``/``proxy_ping_port``: the router's discovery Service, which the
   engines register with (vllm-router in moriio mode knows no other worker).
@@ -77,32 +81,143 @@ class VLLMAdapter(EngineAdapter):
     )
 
     def check_extra_args(self) -> None:
-        """Also: prefill and decode must hold their KV caches in the same ``--kv-cache-dtype``
-        where NIXL carries the KV (nixl, lmcache). Its handshake compares a hash over the
-        string of ``cache_config.cache_dtype`` (kv_connector/v1/nixl/metadata.py
-        compute_nixl_compatibility_hash; "auto" is resolved only from a checkpoint's KV
-        quantization config, utils/torch_utils.py resolve_kv_cache_dtype_string) and refuses
-        every transfer on a mismatch (nixl/base_worker.py). "auto" against an FP8 name is let
-        through: the checkpoint may name that FP8 format."""
+        """Also: ``--prefill-context-parallel-size`` > 1 (:meth:`_check_context_parallel`) and, where
+        NIXL carries the KV (nixl, lmcache), the settings of the two pools its handshake compares
+        (:meth:`_check_nixl_pair`)."""
         from ...api.errors import SpecError
-        from ...perfmodel.engine_defaults import ONE_BYTE_KV
-        from ..args import sets_flag, user_engine_flag
 
         super().check_extra_args()
+        problems = []
         for role in ("prefill", "decode"):
             self._check_kv_memory(role)
-        if self.spec.backend() not in ("nixl", "lmcache"):
-            return
-        dtype = {role: user_engine_flag(self.spec, role, "--kv-cache-dtype") or "auto" for role in ("prefill", "decode")}
-        p, d = dtype["prefill"], dtype["decode"]
-        if p == d or ("auto" in (p, d) and ({p, d} - {"auto"}) <= ONE_BYTE_KV["vllm"]):
-            return
-        field = next((f"spec.{role}.extraArgs" for role in ("decode", "prefill")
-                      if sets_flag(self.spec.pool(role).extra_args, "--kv-cache-dtype")), "spec.engine.extraArgs")
-        raise SpecError([(field, f"--kv-cache-dtype is {p!r} on prefill and {d!r} on decode: vLLM's NIXL handshake "
-                                 "compares the two and refuses every KV transfer when they differ (\"NIXL compatibility "
-                                 "hash mismatch\"); set the same value for both pools, e.g. once in spec.engine.extraArgs")],
-                        self.svc.metadata.name)
+            problems += self._check_context_parallel(role)
+        if self.spec.backend() in ("nixl", "lmcache"):
+            problems += self._check_nixl_pair()
+        if problems:
+            raise SpecError(problems, self.svc.metadata.name)
+
+    def _check_context_parallel(self, role: str) -> list[tuple[str, str]]:
+        """vLLM's world size is PP x TP x PCP GPUs per DP rank (config/parallel.py
+        ``ParallelConfig.__post_init__``), and it refuses to start with fewer GPUs than that
+        ("World size ... is larger than the number of available GPUs"). The operator requests
+        TP x PP x DP GPUs per replica (spec.<pool>.tensorParallelSize and the rest), so prefill
+        context parallelism would start pods that cannot run: refused, naming the field.
+        (Decode context parallelism shares the TP ranks and needs no more GPUs.)"""
+        from ..args import flag_field, user_engine_flag
+
+        pcp = user_engine_flag(self.spec, role, "--prefill-context-parallel-size") or 1
+        if pcp <= 1:
+            return []
+        return [(flag_field(self.spec, role, "--prefill-context-parallel-size"),
+                 f"--prefill-context-parallel-size {pcp} makes each engine of the {role} pool use "
+                 f"TP x PP x {pcp} GPUs (vLLM config/parallel.py world_size), more than the pod requests: "
+                 "the operator does not place prefill context parallelism; remove the flag (or use "
+                 "tensorParallelSize for the GPUs)")]
+
+    def _check_nixl_pair(self) -> list[tuple[str, str]]:
+        """What vLLM's NIXL handshake compares between a decode engine and the prefill engine it
+        pulls from. The compatibility hash (kv_connector/v1/nixl/metadata.py
+        ``compute_nixl_compatibility_hash``) covers the model's ``dtype``, the attention backend's
+        name, ``cache_config.cache_dtype``, whether the hybrid KV-cache manager is on and, for
+        speculative methods that run on the target's hidden states (config/speculative.py
+        ``use_eagle``: eagle, eagle3, mtp, dflash, dspark), the draft's method, model, revision,
+        parallel drafting and KV dtype (``_get_speculative_compatibility_factors``); a mismatch
+        fails every handshake ("NIXL compatibility hash mismatch", nixl/base_worker.py) and
+        decode, with ``kv_load_failure_policy: recompute``, recomputes every prompt. Block sizes
+        are checked at the handshake instead: decode's must be a multiple of prefill's
+        (kv_connector/utils.py ``block_size_ratio``, asserted on the pulling side).
+
+        Refused here: values the two pools set differently, and a value one pool sets where the
+        other's is vLLM's own choice that the operator cannot know (the attention backend by
+        GPU and model, the hybrid KV-cache manager by connector and model): set it for both pools,
+        once in spec.engine.extraArgs. A dtype ("auto": the checkpoint's) or a KV-cache dtype
+        ("auto" against an FP8 name the checkpoint may give) left to the checkpoint on one pool
+        is let through. Where both pools name a GPU product, vLLM's default backend by compute
+        capability is compared too (:func:`default_attention_backend`)."""
+        from ...perfmodel.costmodel import MODELS
+        from ...perfmodel.engine_defaults import ONE_BYTE_KV
+        from ..args import user_engine_flag
+
+        spec = self.spec
+        roles = ("prefill", "decode")
+
+        def flag(name: str) -> dict:
+            return {role: user_engine_flag(spec, role, name) for role in roles}
+
+        problems = []
+
+        def refuse(name: str, why: str) -> None:
+            problems.append((self._pair_field(name), f"{why}: vLLM's NIXL handshake compares it between prefill "
+                                                      "and decode and refuses every KV transfer when it differs "
+                                                      "(\"NIXL compatibility hash mismatch\"); set the same value "
+                                                      "for both pools, e.g. once in spec.engine.extraArgs"))
+
+        kv = {role: v or "auto" for role, v in flag("--kv-cache-dtype").items()}
+        p, d = kv["prefill"], kv["decode"]
+        if p != d and not ("auto" in (p, d) and ({p, d} - {"auto"}) <= ONE_BYTE_KV["vllm"]):
+            refuse("--kv-cache-dtype", f"--kv-cache-dtype is {p!r} on prefill and {d!r} on decode")
+        # config/model.py _STR_DTYPE_TO_TORCH_DTYPE; "auto" is the checkpoint's
+        dt = {role: {"half": "float16", "float": "float32"}.get(v, v) for role, v in flag("--dtype").items()}
+        if None not in dt.values() and "auto" not in dt.values() and dt["prefill"] != dt["decode"]:
+            refuse("--dtype", f"--dtype is {dt['prefill']!r} on prefill and {dt['decode']!r} on decode")
+        # config/attention.py validate_backend_before: a name in any case, "auto" the default
+        backend = {role: None if v is None or v.lower() == "auto" else v.upper()
+                   for role, v in flag("--attention-backend").items()}
+        shape = MODELS.get(spec.model.name)
+        default = {role: default_attention_backend(self._gpu_product(role), shape.mla if shape else None)
+                   for role in roles}
+        if backend["prefill"] != backend["decode"]:
+            effective = {role: backend[role] or default[role] for role in roles}
+            if None in effective.values() or effective["prefill"] != effective["decode"]:
+                said = {role: backend[role] or "vLLM's default for its GPU and model" for role in roles}
+                refuse("--attention-backend", f"the attention backend is {said['prefill']} on prefill and "
+                                              f"{said['decode']} on decode")
+        elif backend["prefill"] is None and None not in default.values() and default["prefill"] != default["decode"]:
+            problems.append(("spec.decode.gpuProduct" if spec.decode.gpu_product else "spec.decode.nodeSelector",
+                             f"prefill runs on {self._gpu_product('prefill')} and decode on "
+                             f"{self._gpu_product('decode')}, where vLLM picks different attention backends "
+                             f"({default['prefill']} and {default['decode']}: platforms/cuda.py, by compute "
+                             "capability) and its NIXL handshake refuses every KV transfer when they differ "
+                             "(\"NIXL compatibility hash mismatch\"); use one GPU generation for both pools, or "
+                             "name one --attention-backend both support in spec.engine.extraArgs"))
+        hma = flag("--disable-hybrid-kv-cache-manager")
+        if hma["prefill"] != hma["decode"]:
+            said = {role: {True: "off", False: "on", None: "vLLM's choice (by connector and model)"}[hma[role]]
+                    for role in roles}
+            refuse("--disable-hybrid-kv-cache-manager",
+                   f"the hybrid KV-cache manager is {said['prefill']} on prefill and {said['decode']} on decode")
+        spec_factor = {role: _eagle_factors(v) for role, v in flag("--speculative-config").items()}
+        if spec_factor["prefill"] != spec_factor["decode"]:
+            said = {role: "none" if not spec_factor[role] else "a draft whose method vLLM infers"
+                    if spec_factor[role][0] == "unknown" else f"method {spec_factor[role][0]!r}" for role in roles}
+            refuse("--speculative-config", f"the speculative decoding run on the target's hidden states is "
+                                           f"{said['prefill']} on prefill and {said['decode']} on decode "
+                                           "(EAGLE-family methods: eagle, eagle3, mtp, dflash, dspark)")
+        block = flag("--block-size")
+        if None not in block.values() and block["decode"] % block["prefill"]:
+            problems.append((self._pair_field("--block-size"),
+                             f"--block-size is {block['prefill']} on prefill and {block['decode']} on decode: vLLM's "
+                             "NIXL transfer needs decode's block size to be a multiple of prefill's (kv_connector/"
+                             "utils.py block_size_ratio, asserted at the handshake); set the same value for both "
+                             "pools, e.g. once in spec.engine.extraArgs"))
+        return problems
+
+    def _pair_field(self, name: str) -> str:
+        """The field to name for a flag the two pools must agree on: the pool extraArgs that set
+        it (decode's first), else spec.engine.extraArgs."""
+        from ..args import user_flag_value
+
+        base = ["vllm", "serve", "model"]
+        dest = name.lstrip("-").replace("-", "_")
+        for role in ("decode", "prefill"):
+            args = list(self.spec.pool(role).extra_args)
+            if args and user_flag_value("vllm", self.version, base, args, dest) is not None:
+                return f"spec.{role}.extraArgs"
+        return "spec.engine.extraArgs"
+
+    def _gpu_product(self, role: str) -> str | None:
+        pool = self.spec.pool(role)
+        return pool.gpu_product or pool.node_selector.get(self.spec.gpu_product_label())
 
     def _check_kv_memory(self, role: str) -> None:
         """``--kv-cache-memory-bytes`` is each GPU's KV cache (config/cache.py), and vLLM refuses to
@@ -336,3 +451,49 @@ class VLLMAdapter(EngineAdapter):
 
     def flagset_argv(self) -> list[str]:
         return ["vllm", "serve", "model"]
+
+
+# vLLM's speculative methods that run on the target's hidden states (config/speculative.py
+# SpeculativeConfig.use_eagle): their draft enters the NIXL compatibility hash
+EAGLE_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash", "dspark"})
+
+
+def _eagle_factors(config) -> tuple | None:
+    """What a ``--speculative-config`` adds to the NIXL compatibility hash, as the JSON gives it
+    (kv_connector/v1/nixl/metadata.py ``_get_speculative_compatibility_factors``): None without
+    one or for a method not in :data:`EAGLE_METHODS`; a config without ``method`` (vLLM infers it
+    from the draft) is compared as written."""
+    if not isinstance(config, dict):
+        return None
+    method = config.get("method")
+    if method is not None and method not in EAGLE_METHODS:
+        return None
+    return (method, config.get("model"), config.get("revision"), bool(config.get("parallel_drafting")),
+            config.get("kv_cache_dtype")) if method else ("unknown", repr(sorted(config.items())))
+
+
+# NVIDIA GPU products (the GPU feature discovery label values, e.g. NVIDIA-H200, NVIDIA-B200,
+# NVIDIA-A100-SXM4-80GB) by compute capability major
+_GPU_MAJOR = ((r"(?<![A-Z])G?B(200|300)(?![0-9])", 10),
+              (r"RTX.*(BLACKWELL|50[0-9]0)", 12),
+              (r"(?<![A-Z])G?H(100|200|800|20)(?![0-9])", 9),
+              (r"(?<![A-Z])(A(100|800|40|30|10|16|2)|L(40S|40|20|4))(?![0-9])", 8))
+
+
+def default_attention_backend(product: str | None, mla: bool | None) -> str | None:
+    """The attention backend vLLM picks by itself on a GPU product (platforms/cuda.py
+    ``_get_backend_priorities``: the first its compute capability supports): FLASHINFER on
+    10.x, FLASH_ATTN on 8.x, 9.x and 12.x; with MLA, FLASHINFER_MLA on 10.x, FLASH_ATTN_MLA on
+    9.x (``supports_compute_capability``: major 9 only), TRITON_MLA on 8.x and 12.x. ``mla``
+    None (a model whose attention the operator does not know): both, "FLASH_ATTN or
+    FLASH_ATTN_MLA". None: a product the operator does not know."""
+    import re
+
+    if not product:
+        return None
+    major = next((m for pattern, m in _GPU_MAJOR if re.search(pattern, product.upper())), None)
+    if major is None:
+        return None
+    plain = "FLASHINFER" if major == 10 else "FLASH_ATTN"
+    latent = {10: "FLASHINFER_MLA", 9: "FLASH_ATTN_MLA"}.get(major, "TRITON_MLA")
+    return latent if mla else plain if mla is False else f"{plain} or {latent}"
