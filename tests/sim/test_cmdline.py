@@ -49,15 +49,20 @@ def test_an_unset_batch_limit_is_the_engines_own_default():
 def test_the_kv_cache_is_sized_by_the_engines_flags():
     """vLLM --kv-cache-memory-bytes: that much KV memory on each GPU (human_readable_int: G is
     2^30, g 10^9); SGLang --max-total-tokens: a cap on the pool, never a raise (tests/contract/
-    FACTS.md, "KV cache size"). --num-gpu-blocks-override counts blocks of the attention
-    backend's size: refused, not run as the default."""
+    FACTS.md, "KV cache size"). --num-gpu-blocks-override: that many blocks of --block-size tokens,
+    or of the attention backend's size on the H200 (16 for vLLM's default backends, 64 for
+    FLASHMLA); a backend whose size is not known is refused, not run as the default."""
     vllm = ["vllm", "serve", "Qwen/Qwen3-8B"]
     per_token = config_from_argv(vllm).shape.kv_bytes_per_token
     assert config_from_argv(vllm + ["--kv-cache-memory-bytes", "20G"]).kv_tokens() == 20 * 2 ** 30 // per_token
     assert config_from_argv(vllm + ["--kv-cache-memory-bytes", "20g", "--tensor-parallel-size", "2"]).kv_tokens() == (
         2 * 20 * 10 ** 9 // per_token)
+    assert config_from_argv(vllm + ["--num-gpu-blocks-override", "4096"]).kv_tokens() == 4096 * 16
+    assert config_from_argv(vllm + ["--num-gpu-blocks-override", "4096", "--block-size", "32"]).kv_tokens() == 4096 * 32
+    assert config_from_argv(vllm + ["--num-gpu-blocks-override", "100", "--attention-backend", "flashmla"]).kv_tokens() == 6400
+    assert config_from_argv(vllm + ["--num-gpu-blocks-override", "100", "--data-parallel-size", "2"]).kv_tokens() == 3200
     with pytest.raises(ValueError, match="--num-gpu-blocks-override"):
-        config_from_argv(vllm + ["--num-gpu-blocks-override", "4096"])
+        config_from_argv(vllm + ["--num-gpu-blocks-override", "4096", "--attention-backend", "TREE_ATTN"])
     sgl = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B"]
     plain = config_from_argv(sgl)
     capped = config_from_argv(sgl + ["--max-total-tokens", "100k"])

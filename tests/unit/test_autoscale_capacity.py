@@ -286,8 +286,9 @@ def test_the_kv_cache_size_flags_of_extra_args_size_the_kv_bound():
     """vLLM's --kv-cache-memory-bytes is the KV memory of each GPU (in place of what
     gpuMemoryUtilization leaves), SGLang's --max-total-tokens caps each worker's pool, never
     raising it (tests/contract/FACTS.md, "KV cache size"); vLLM's --num-gpu-blocks-override
-    counts blocks of the attention backend's size, which the cost model does not know: no
-    estimate rather than the one of the memory it no longer uses."""
+    counts blocks of --block-size tokens or of the attention backend's size (16 for the H200's
+    default backends, 64 for FLASHMLA); under a backend whose size is not known, no estimate
+    rather than the one of the memory it no longer uses."""
     shape = replica_cost_model(svc().spec, "decode").shape
     small = svc(decode={"extraArgs": ["--kv-cache-memory-bytes", "20G"]})  # vLLM: G is 2^30
     cost = replica_cost_model(small.spec, "decode")
@@ -299,7 +300,16 @@ def test_the_kv_cache_size_flags_of_extra_args_size_the_kv_bound():
             < 0.8 * pool_capacity(svc(), "decode", 4000.0, 2000.0).per_replica)
     # the prefill pool's KV is its own
     assert pool_kv_tokens(small.spec, "prefill", cost) == pool_kv_tokens(svc().spec, "prefill", cost)
-    assert pool_capacity(svc(decode={"extraArgs": ["--num-gpu-blocks-override", "4096"]}), "decode", ISL, OSL) is None
+    blocks = svc(decode={"extraArgs": ["--num-gpu-blocks-override", "4096"]}).spec
+    assert pool_kv_tokens(blocks, "decode", replica_cost_model(blocks, "decode")) == 4096 * 16
+    assert pool_kv_tokens(blocks, "prefill", cost) == pool_kv_tokens(svc().spec, "prefill", cost)
+    sized = svc(decode={"extraArgs": ["--num-gpu-blocks-override", "4096", "--block-size", "64"]}).spec
+    assert pool_kv_tokens(sized, "decode", replica_cost_model(sized, "decode")) == 4096 * 64
+    # 65 536 tokens bound the batch well under the memory's (~900k)
+    assert (pool_capacity(svc(decode={"extraArgs": ["--num-gpu-blocks-override", "4096"]}), "decode", 4000.0,
+                          2000.0).per_replica < 0.5 * pool_capacity(svc(), "decode", 4000.0, 2000.0).per_replica)
+    assert pool_capacity(svc(decode={"extraArgs": ["--num-gpu-blocks-override", "4096", "--attention-backend",
+                                                   "TREE_ATTN"]}), "decode", ISL, OSL) is None
     sgl = svc("sglang").spec
     plain = pool_kv_tokens(sgl, "decode", replica_cost_model(sgl, "decode"))
     capped = svc("sglang", decode={"extraArgs": ["--max-total-tokens", "100k"]}).spec

@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
 from ..perfmodel.costmodel import CostModel, shape_for
-from ..perfmodel.engine_defaults import default_max_running, kv_element_bytes, kv_tokens, vllm_step_tokens
+from ..perfmodel.engine_defaults import (default_max_running, kv_element_bytes, kv_tokens, vllm_block_size,
+                                        vllm_step_tokens)
 from ..render.args import user_engine_flag
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
@@ -184,14 +185,19 @@ def pool_kv_tokens(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -> 
     """KV tokens of one engine rank of the pool (``cost``: :func:`pool_cost_model`): the cost
     model's at the pool's gpuMemoryUtilization, or as the KV flags of extraArgs size it
     (perfmodel.engine_defaults.kv_tokens: vLLM --kv-cache-memory-bytes, SGLang
-    --max-total-tokens). None under vLLM's --num-gpu-blocks-override: blocks of the attention
-    backend's size, which the cost model does not know."""
+    --max-total-tokens, vLLM --num-gpu-blocks-override blocks of --block-size tokens or of the
+    attention backend's size: perfmodel.engine_defaults.vllm_block_size). None under
+    --num-gpu-blocks-override with a backend whose block size is not known."""
     engine = spec.engine.kind
     if engine == "vllm":
-        if user_engine_flag(spec, role, "--num-gpu-blocks-override") is not None:
+        blocks = user_engine_flag(spec, role, "--num-gpu-blocks-override")
+        size = vllm_block_size(user_engine_flag(spec, role, "--attention-backend"),
+                               user_engine_flag(spec, role, "--block-size"))
+        if blocks is not None and size is None:
             return None
         return kv_tokens(cost, engine, _memory_fraction(spec.pool(role)),
-                         kv_cache_memory_bytes=user_engine_flag(spec, role, "--kv-cache-memory-bytes"))
+                         kv_cache_memory_bytes=user_engine_flag(spec, role, "--kv-cache-memory-bytes"),
+                         gpu_blocks=blocks, block_size=size)
     return kv_tokens(cost, engine, _memory_fraction(spec.pool(role)),
                      max_total_tokens=user_engine_flag(spec, role, "--max-total-tokens"))
 

@@ -91,13 +91,37 @@ def kv_element_bytes(engine: str, kv_cache_dtype: str | None, model_bytes: int, 
     return None
 
 
+# vLLM 0.33.0's KV block size on the H200 (compute capability 9.0) when --block-size is unset, by
+# the attention backend: 16 where the backend takes it, else the smallest size it supports
+# (v1/attention/backend.py get_preferred_block_size; platforms/interface.py
+# update_block_size_for_backend; config/cache.py DEFAULT_BLOCK_SIZE 16). Unnamed, vLLM picks
+# FLASH_ATTN, or FLASH_ATTN_MLA for an MLA model (platforms/cuda.py), both MultipleOf(16).
+VLLM_H200_BLOCK_SIZE = {None: 16, "FLASH_ATTN": 16, "FLASH_ATTN_MLA": 16, "FLASHINFER": 16, "TRITON_ATTN": 16,
+                        "TRITON_MLA": 16, "FLEX_ATTENTION": 16, "FLASHMLA": 64, "CUTLASS_MLA": 128}
+
+
+def vllm_block_size(attention_backend: str | None, block_size: int | None) -> int | None:
+    """The tokens of one vLLM KV block on the H200: ``--block-size`` when set, else the
+    backend's (``--attention-backend``, any case; "auto" or None: vLLM's choice):
+    :data:`VLLM_H200_BLOCK_SIZE`. None for a backend not listed there."""
+    if block_size:
+        return block_size
+    name = None if attention_backend is None or attention_backend.lower() == "auto" else attention_backend.upper()
+    return VLLM_H200_BLOCK_SIZE.get(name)
+
+
 def kv_tokens(cost, engine: str, mem_fraction: float, kv_cache_memory_bytes: int | None = None,
-              max_total_tokens: int | None = None) -> int:
+              max_total_tokens: int | None = None, gpu_blocks: int | None = None, block_size: int | None = None) -> int:
     """KV tokens of one engine rank (``cost``: its cost model) as the engine sizes its cache from
-    the user's flags (tests/contract/FACTS.md, "KV cache size"): vLLM's --kv-cache-memory-bytes
+    the user's flags (tests/contract/FACTS.md, "KV cache size"): vLLM's --num-gpu-blocks-override
+    (``gpu_blocks``) is the number of blocks of ``block_size`` tokens (:func:`vllm_block_size`)
+    each worker allocates, whatever memory is left (v1/core/kv_cache_planning.py
+    may_override_num_blocks); vLLM's --kv-cache-memory-bytes
     is the KV memory of each GPU, in place of what gpu-memory-utilization leaves (0 or unset:
     not used); SGLang's --max-total-tokens caps the pool of each attention-DP worker at that
     many tokens (never raises it). Otherwise the cost model's at ``mem_fraction``."""
+    if engine == "vllm" and gpu_blocks is not None and block_size:
+        return max(cost.dp, 1) * gpu_blocks * block_size  # each DP engine's (the cost model of several: dp)
     if engine == "vllm" and kv_cache_memory_bytes:
         return cost.kv_capacity_tokens(kv_bytes_per_gpu=kv_cache_memory_bytes)
     kv = cost.kv_capacity_tokens(mem_fraction)

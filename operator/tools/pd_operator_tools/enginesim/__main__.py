@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from pd_operator.render.engines.flagset import FlagError, check_argv, split_command
 from pd_operator.perfmodel.costmodel import LINKS, Efficiency, Link, shape_for, MODELS
-from pd_operator.perfmodel.engine_defaults import kv_element_bytes, vllm_step_tokens
+from pd_operator.perfmodel.engine_defaults import kv_element_bytes, vllm_block_size, vllm_step_tokens
 from .group import group_from_namespace, join, lead, serve_worker
 from .server import SimConfig, SimServer
 
@@ -186,6 +186,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
     check_rdma_devices(flavor, ns, dict(os.environ))
     group = group_from_namespace(flavor, ns)
     check_bind_host(flavor, ns, group)
+    kv_blocks = None  # vLLM --num-gpu-blocks-override: (blocks, tokens per block)
     if flavor == "vllm":
         model = ns.model_tag or "facebook/opt-125m"
         served = list(ns.served_model_name or [model])
@@ -215,11 +216,14 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
             shutdown_timeout = 0
         connector = kvt.get("kv_connector") if isinstance(kvt, dict) else None
         max_queued = ns.max_num_queued_reqs
-        if ns.num_gpu_blocks_override is not None:
-            raise ValueError("the simulator does not model --num-gpu-blocks-override (blocks of the attention "
-                             "backend's size); size the KV cache with --kv-cache-memory-bytes or "
-                             "--gpu-memory-utilization")
         kv_memory, kv_cap = ns.kv_cache_memory_bytes, None
+        if ns.num_gpu_blocks_override is not None:
+            # that many blocks of --block-size tokens, or of the backend's size (kv_cache_planning.py)
+            size = vllm_block_size(ns.attention_backend, ns.block_size)
+            if size is None:
+                raise ValueError(f"the simulator does not know the KV block size of --attention-backend "
+                                 f"{ns.attention_backend} for --num-gpu-blocks-override; add --block-size")
+            kv_blocks = (ns.num_gpu_blocks_override, size)
         if ns.speculative_config:
             raise ValueError(_SPECULATIVE.format(flag="--speculative-config"))
     else:
@@ -287,7 +291,7 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         max_model_len=max_len or shape.max_model_len,
         # the calibration's capacity is at full memory; vLLM's default 0.92 is ~ that
         mem_fraction=min(1.0, mem / 0.92), kv_capacity_tokens=opts.kv_capacity_tokens,
-        kv_cache_memory_bytes=kv_memory, max_total_tokens=kv_cap,
+        kv_cache_memory_bytes=kv_memory, max_total_tokens=kv_cap, kv_blocks=kv_blocks,
         api_keys=keys, enable_metrics=metrics, bootstrap_port=bootstrap,
         side_channel_host=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
         side_channel_port=int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),

@@ -114,6 +114,7 @@ class SimConfig:
     # --kv-cache-memory-bytes (per GPU), SGLang --max-total-tokens (a cap per worker)
     kv_cache_memory_bytes: Optional[int] = None
     max_total_tokens: Optional[int] = None
+    kv_blocks: Optional[tuple[int, int]] = None  # vLLM --num-gpu-blocks-override and the block's tokens
     api_keys: list = field(default_factory=list)
     enable_metrics: bool = True
     bootstrap_port: Optional[int] = None
@@ -147,7 +148,7 @@ class SimConfig:
     def kv_tokens(self) -> int:
         return (self.kv_capacity_tokens if self.kv_capacity_tokens is not None
                 else kv_tokens(self.cost(), self.flavor, self.mem_fraction,
-                               self.kv_cache_memory_bytes, self.max_total_tokens))
+                               self.kv_cache_memory_bytes, self.max_total_tokens, *(self.kv_blocks or (None, None))))
 
     def running_limit(self) -> int:
         """The most requests the replica runs at once: vLLM's limit is per DP rank (each rank's
