@@ -128,6 +128,10 @@ def service(draw):
     if draw(st.integers(0, 3)) == 0:
         model["startupSeconds"] = draw(st.sampled_from([60, 3600]))
     spec: dict = {"model": model, "engine": engine, "prefill": draw(pool()), "decode": draw(pool())}
+    if kind == "sglang" and spec["decode"].get("pipelineParallelSize", 1) not in (1, spec["prefill"].get("pipelineParallelSize", 1)):
+        # refused when rendered (SGLang's decode maps stages only from a prefill as deep, or onto
+        # one stage: tests/unit/test_sglang_pd_pairing.py); every spec drawn here should render
+        spec["decode"]["pipelineParallelSize"] = 1
     if kv:
         spec["kvTransfer"] = kv
     if draw(st.booleans()):

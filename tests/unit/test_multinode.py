@@ -60,10 +60,13 @@ def workloads(obj) -> dict[str, dict]:
     ("vllm", {"tensorParallelSize": 1, "dataParallelSize": 32}, 4, 8),
 ])
 def test_a_replica_spans_the_nodes_its_gpus_need(kind, pool, nodes, gpus_per_pod):
-    svc = validate_service(minimal(kind, topology=H200, decode=pool))
+    # prefill of the same pipeline depth: an SGLang decode of more stages than its prefill is
+    # refused (tests/unit/test_sglang_pd_pairing.py)
+    prefill = {"pipelineParallelSize": pool.get("pipelineParallelSize", 1)}
+    svc = validate_service(minimal(kind, topology=H200, prefill=prefill, decode=pool))
     assert svc.spec.decode.nodes(8) == nodes
     assert svc.spec.decode.gpus_per_pod(8) == gpus_per_pod
-    lws = workloads(minimal(kind, topology=H200, decode=pool))["decode"]
+    lws = workloads(minimal(kind, topology=H200, prefill=prefill, decode=pool))["decode"]
     assert lws["kind"] == "LeaderWorkerSet"
     tmpl = lws["spec"]["leaderWorkerTemplate"]
     assert tmpl["size"] == nodes

@@ -280,8 +280,9 @@ def test_vllm_pools_with_kv_caches_nixl_cannot_match_are_refused():
     rendered(["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8"])
     rendered([], ["--kv-cache-dtype", "fp8"])
     rendered([], [], engine={"kind": "vllm", "extraArgs": ["--kv-cache-dtype", "fp8_e4m3"]})
-    # SGLang's transfer does not compare them
-    render(validate_service(minimal("sglang", decode={"extraArgs": ["--kv-cache-dtype", "fp8_e5m2"]})))
+    # SGLang's handshake compares the dtype strings (tests/unit/test_sglang_pd_pairing.py); "auto"
+    # may resolve to fp8_e4m3 (an FP8 checkpoint), so this pair is let through
+    render(validate_service(minimal("sglang", decode={"extraArgs": ["--kv-cache-dtype", "fp8_e4m3"]})))
 
 
 def test_a_vllm_kv_cache_memory_that_cannot_hold_one_request_is_refused():
@@ -343,7 +344,9 @@ def test_an_sglang_max_total_tokens_that_leaves_no_pool_is_refused():
     with pytest.raises(SpecError) as info:
         render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "32", "--page-size", "64"]})))
     assert "no page of 64 tokens" in dict(info.value.problems)["spec.decode.extraArgs"]
-    render(validate_service(minimal("sglang", decode={"extraArgs": ["--max-total-tokens", "64", "--page-size", "64"]})))
+    # (prefill with the same page: the pools' pages must match, tests/unit/test_sglang_pd_pairing.py)
+    render(validate_service(minimal("sglang", prefill={"extraArgs": ["--page-size", "64"]},
+                                    decode={"extraArgs": ["--max-total-tokens", "64", "--page-size", "64"]})))
 
 
 @pytest.mark.parametrize("args,page", [
@@ -375,7 +378,8 @@ def test_the_page_an_sglang_attention_backend_forces_bounds_max_total_tokens(arg
     from pd_operator.render import render
 
     def spec(cap: int) -> dict:
-        return minimal("sglang", decode={"extraArgs": args + ["--max-total-tokens", str(cap)]})
+        # prefill with the same flags: the pools' pages must match (tests/unit/test_sglang_pd_pairing.py)
+        return minimal("sglang", prefill={"extraArgs": args}, decode={"extraArgs": args + ["--max-total-tokens", str(cap)]})
 
     if page > 1:
         with pytest.raises(SpecError) as info:
@@ -394,4 +398,6 @@ def test_a_pools_attention_backend_overrides_the_engines_for_its_page():
         render(validate_service(obj))
     assert set(dict(info.value.problems)) == {"spec.prefill.extraArgs"}
     obj["spec"]["prefill"]["extraArgs"] = ["--max-total-tokens", "64"]
-    render(validate_service(obj))
+    with pytest.raises(SpecError) as info:  # and the pools' pages (64, 1) differ: tests/unit/test_sglang_pd_pairing.py
+        render(validate_service(obj))
+    assert "Page size mismatch" in dict(info.value.problems)["spec.decode.extraArgs"]

@@ -753,7 +753,12 @@ class PoolSpec(Base):
     gpu_memory_utilization: Optional[float] = Field(None, gt=0.0, lt=1.0, description="Fraction of GPU memory for weights and KV cache (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static).")
     max_running_requests: Optional[int] = Field(None, ge=1, le=65536, description="Most requests batched at once (vLLM --max-num-seqs, SGLang --max-running-requests).")
     max_batched_tokens: Optional[int] = Field(None, ge=16, le=10_000_000, description="Token budget of one scheduler step (vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size).")
-    enable_prefix_caching: Optional[bool] = Field(None, description="Prefix (radix) cache on or off; the engine default when unset.")
+    enable_prefix_caching: Optional[bool] = Field(
+        None,
+        description="Prefix (radix) cache on or off; the engine default when unset. SGLang's default is on, except on "
+        "a decode pool: its PD decode server turns the radix cache off unless given "
+        "--disaggregation-decode-enable-radix-cache (experimental in SGLang), which true renders there.",
+    )
     extra_args: list[Arg] = Field(default_factory=list, max_length=MAX_ARGS, description="Extra engine flags for this pool only, checked against the pinned engine's flag set.")
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra environment variables for this pool only.")
     node_selector: dict[QualifiedName, Annotated[str, StringConstraints(max_length=63)]] = Field(default_factory=dict, max_length=32, description="Node labels the pool's pods must match.")

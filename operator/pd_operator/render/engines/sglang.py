@@ -75,7 +75,7 @@ class SGLangAdapter(EngineAdapter):
             "--disaggregation-decode-tp", "--disaggregation-decode-dp",
             "--api-key", "--context-length", "--revision", "--trust-remote-code",
             "--mem-fraction-static", "--max-running-requests", "--chunked-prefill-size",
-            "--disable-radix-cache", "--enable-metrics",
+            "--disable-radix-cache", "--disaggregation-decode-enable-radix-cache", "--enable-metrics",
             "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr",
             "--ep-size", "--ep", "--expert-parallel-size", "--moe-a2a-backend", "--deepep-mode",
         }
@@ -123,7 +123,8 @@ class SGLangAdapter(EngineAdapter):
         return page
 
     def check_extra_args(self) -> None:
-        """Also: ``--max-total-tokens`` must leave a page in the pool. SGLang caps each worker's
+        """Also: ``--max-total-tokens`` must leave a page in the pool, and the prefill/decode
+        pairs SGLang fails on (:meth:`_check_pair`, checked after it). SGLang caps each worker's
         pool at min(profiled, value) (mem_cache/kv_cache_configurator.py
         ``_apply_token_constraints``), rounds it down to whole pages
         (model_executor/pool_configurator.py ``calculate_pool_sizes_from_max_tokens``) and
@@ -143,9 +144,136 @@ class SGLangAdapter(EngineAdapter):
                                   "enough memory\"); give at least one page, or drop the flag to size the cache from "
                                   "gpuMemoryUtilization")],
                                 self.svc.metadata.name)
+        problems = self._check_pair()
+        if problems:
+            raise SpecError(problems, self.svc.metadata.name)
+
+    def _check_pair(self) -> list[tuple[str, str]]:
+        """Prefill/decode pairs each of which SGLang starts, then fails on (tests/contract/FACTS.md,
+        "SGLang prefill/decode pairs"). The decode side fetches the prefill's parallel info at its
+        first request and compares (disaggregation/common/conn.py
+        ``CommonKVManager.try_ensure_parallel_info``, for mooncake and nixl alike):
+        - the KV page (``kv_args.page_size``): "Page size mismatch";
+        - the KV-cache dtype string (``kv_cache_dtype_str``): "KV cache dtype mismatch";
+        - the pipeline depth (``_resolve_rank_mapping``): decode's pp_size must be prefill's or 1.
+        Also refused: a prefill chunk SGLang refuses at start (:meth:`_check_prefill_chunk`), and
+        a decode radix cache next to flags SGLang refuses it with (:meth:`_check_decode_radix`)."""
+        from ..args import user_engine_flag
+
+        spec = self.spec
+        problems: list[tuple[str, str]] = []
+        page = {role: self.page_size(role) for role in ("prefill", "decode")}
+        if page["prefill"] != page["decode"]:
+            problems.append((self._pair_field(("--page-size", *ATTENTION_BACKEND_FLAGS), ("--kv-cache-dtype",)),
+                             f"the KV page is {page['prefill']} tokens on prefill and {page['decode']} on decode "
+                             "(--page-size, or the page the named attention backend forces): SGLang's decode "
+                             "compares the pages at the first request it takes from a prefill and raises (\"Page "
+                             "size mismatch\"); give both pools the same --page-size and attention backends, e.g. "
+                             "once in spec.engine.extraArgs"))
+        dtypes = {role: self._kv_dtypes(role) for role in ("prefill", "decode")}
+        if not dtypes["prefill"] & dtypes["decode"]:
+            said = {role: "fp8_e4m3 (tokenspeed_mla forces it)" if dtypes[role] == {"fp8_e4m3"}
+                    and (user_engine_flag(spec, role, "--kv-cache-dtype") or "auto") != "fp8_e4m3"
+                    else user_engine_flag(spec, role, "--kv-cache-dtype") or "auto" for role in ("prefill", "decode")}
+            problems.append((self._pair_field(("--kv-cache-dtype",), ATTENTION_BACKEND_FLAGS),
+                             f"the KV cache is --kv-cache-dtype {said['prefill']} on prefill and {said['decode']} on "
+                             "decode, which cannot resolve to the same dtype: SGLang's "
+                             "decode compares them at the first request it takes from a prefill and raises (\"KV "
+                             "cache dtype mismatch\"); set the same --kv-cache-dtype for both pools, e.g. once in "
+                             "spec.engine.extraArgs"))
+        pp = {role: spec.pool(role).pipeline_parallel_size for role in ("prefill", "decode")}
+        if pp["decode"] not in (1, pp["prefill"]):
+            problems.append(("spec.decode.pipelineParallelSize",
+                             f"decode.pipelineParallelSize {pp['decode']} with prefill.pipelineParallelSize "
+                             f"{pp['prefill']}: SGLang's decode maps pipeline stages only from a prefill of the same "
+                             "depth or onto a decode of one stage (disaggregation/common/conn.py "
+                             "_resolve_rank_mapping asserts it at the first request): set decode.pipelineParallelSize "
+                             + (f"to {pp['prefill']} or 1" if pp["prefill"] > 1 else "to 1")))
+        return problems + self._check_prefill_chunk() + self._check_decode_radix()
+
+    def _kv_dtypes(self, role: str) -> frozenset[str]:
+        """The KV-cache dtype strings a pool's engine may report at the PD handshake
+        (``kv_cache_dtype_str``, model_executor/model_runner.py ``configure_kv_cache_dtype``: the
+        dtype mem_cache/kv_cache_dtype.py resolves "auto" to, else the server argument as the hooks
+        left it). A deprecated tokenspeed_mla attention or decode backend makes it fp8_e4m3
+        (arg_groups/serving_hook.py ``_handle_deprecated_args``). "auto" stays "auto" unless the
+        checkpoint names an FP8 KV cache (fp8_e4m3) or a model hook picks one (fp8_e4m3 or
+        bfloat16: arg_groups/overrides.py DeepSeek DSA, DeepSeek V4, Muse Spark; MiniMax M3);
+        "bf16" is renamed "bfloat16" for DeepSeek DSA only. The operator does not know the
+        model's architecture, so every string the flags may give is kept."""
+        from ..args import user_engine_flag
+
+        if "tokenspeed_mla" in (user_engine_flag(self.spec, role, _MAIN), user_engine_flag(self.spec, role, _DECODE)):
+            return frozenset({"fp8_e4m3"})
+        value = user_engine_flag(self.spec, role, "--kv-cache-dtype") or "auto"
+        return {"auto": frozenset({"auto", "fp8_e4m3", "bfloat16"}),
+                "bf16": frozenset({"bf16", "bfloat16"})}.get(value, frozenset({value}))
+
+    def _check_prefill_chunk(self) -> list[tuple[str, str]]:
+        """SGLang refuses to start a prefill (any mode but decode: the check is skipped there)
+        whose chunk is not a whole number of pages: arg_groups/validation_hook.py
+        ``check_server_args`` asserts ``chunked_prefill_size % page_size == 0`` when it is > 0,
+        after arg_groups/parallel_hook.py ``handle_data_parallelism`` divided it by the
+        attention-DP size. Unset, the chunk is 2048, 4096, 8192 or 16384 by the GPU's memory
+        (arg_groups/memory_hook.py ``handle_gpu_memory_settings``): refused only when none would
+        do. Not checked: --enable-mis (chunk -1, attention_hook.py) and
+        --enable-kv-cache-sharding (rounds it up to whole pages, kv_shard_hook.py).
+        ``maxBatchedTokens`` is at least 16, so it is never -1 here."""
+        from ..args import user_engine_flag
+
+        pool = self.spec.prefill
+        page = self.page_size("prefill")
+        if page == 1 or any(user_engine_flag(self.spec, "prefill", flag)
+                            for flag in ("--enable-mis", "--enable-kv-cache-sharding")):
+            return []
+        dp = pool.data_parallel_size if pool.data_parallel_attention else 1
+        chunks = [pool.max_batched_tokens] if pool.max_batched_tokens is not None else [2048, 4096, 8192, 16384]
+        if any(chunk // dp % page == 0 for chunk in chunks):
+            return []
+        per_rank = f" / dataParallelSize {dp}" if dp > 1 else ""
+        said = (f"maxBatchedTokens {pool.max_batched_tokens}" if pool.max_batched_tokens is not None
+                else "SGLang's chunk when maxBatchedTokens is unset (2048 to 16384 by GPU memory)")
+        return [("spec.prefill.maxBatchedTokens",
+                 f"{said}{per_rank} is not a whole number of the prefill pool's {page}-token KV pages: SGLang "
+                 "refuses to start it (\"chunked_prefill_size must be divisible by page_size\"; with "
+                 "dataParallelAttention each attention-DP rank takes the chunk divided by dataParallelSize); "
+                 f"set maxBatchedTokens to a multiple of {page * dp}")]
+
+    def _check_decode_radix(self) -> list[tuple[str, str]]:
+        """decode.enablePrefixCaching true renders --disaggregation-decode-enable-radix-cache, which
+        SGLang refuses at start with --enable-hisparse (arg_groups/pd_disaggregation_hook.py
+        ``handle_pd_disaggregation``) and with --disaggregation-decode-allocation-policy
+        prefill_complete (same file, ``_validate_prefill_complete``)."""
+        from ..args import user_engine_flag
+
+        if not self.spec.decode.enable_prefix_caching:
+            return []
+        clashes = []
+        if user_engine_flag(self.spec, "decode", "--enable-hisparse"):
+            clashes.append("--enable-hisparse")
+        if user_engine_flag(self.spec, "decode", "--disaggregation-decode-allocation-policy") == "prefill_complete":
+            clashes.append("--disaggregation-decode-allocation-policy prefill_complete")
+        if not clashes:
+            return []
+        return [("spec.decode.enablePrefixCaching",
+                 "decode.enablePrefixCaching true renders --disaggregation-decode-enable-radix-cache, which SGLang "
+                 f"refuses at start with {' and '.join(clashes)} (arg_groups/pd_disaggregation_hook.py): unset "
+                 "enablePrefixCaching on decode, or drop the flag")]
+
+    def _pair_field(self, *flag_groups: tuple[str, ...]) -> str:
+        """The field to name for a setting the two pools must agree on: the pool extraArgs that set
+        a flag of the first group (decode's first), then of the next group; else spec.engine.extraArgs."""
+        from ..args import sets_flag
+
+        for flags in flag_groups:
+            for role in ("decode", "prefill"):
+                if any(sets_flag(self.spec.pool(role).extra_args, flag) for flag in flags):
+                    return f"spec.{role}.extraArgs"
+        return "spec.engine.extraArgs"
 
     def prefix_caching_args(self, enabled: bool | None) -> list[str]:
-        return ["--disable-radix-cache"] if enabled is False else []  # the radix cache is on by default
+        # the radix cache is on by default, except on a PD decode server: _argv adds its flag there
+        return ["--disable-radix-cache"] if enabled is False else []
 
     def command(self, role: str) -> list[str]:
         argv = self._argv(role)
@@ -212,6 +340,11 @@ class SGLangAdapter(EngineAdapter):
         if kvt.rdma.ib_devices:
             argv += ["--disaggregation-ib-device", ",".join(d.split(":")[0] for d in kvt.rdma.ib_devices)]
         argv += self.model_and_pool_args(pool)
+        if role == "decode" and pool.enable_prefix_caching:
+            # A PD decode server turns the radix cache off unless this flag is given
+            # (arg_groups/pd_disaggregation_hook.py handle_pd_disaggregation: disable_radix_cache=True
+            # otherwise), so the default-on radix cache of prefix_caching_args is off on decode.
+            argv.append("--disaggregation-decode-enable-radix-cache")
         argv.append("--enable-metrics")
         argv += list(spec.engine.extra_args) + list(pool.extra_args)
         return argv
