@@ -305,6 +305,14 @@ def test_pool_env_wins_over_engine_env():
 # are bound). Two of them equal: the second bind fails at start.
 @pytest.mark.parametrize("kind,spec,field", [
     ("sglang", {"kvTransfer": {"bootstrapPort": 30000}}, "spec.kvTransfer.bootstrapPort"),
+    # attention DP on one node: 127.0.0.1:30233-30238 (server_args.py PortArgs.init_new, the HTTP port
+    # + 233 ...) and the worker-ports handshake at 30013 (data_parallel_controller.py)
+    ("sglang", {"kvTransfer": {"bootstrapPort": 30238},
+                "prefill": {"tensorParallelSize": 2, "dataParallelSize": 2, "dataParallelAttention": True}},
+     "spec.kvTransfer.bootstrapPort"),
+    ("sglang", {"kvTransfer": {"bootstrapPort": 30013},
+                "prefill": {"tensorParallelSize": 2, "dataParallelSize": 2, "dataParallelAttention": True}},
+     "spec.kvTransfer.bootstrapPort"),
     ("vllm", {"kvTransfer": {"nixl": {"sideChannelPort": 8000}}}, "spec.kvTransfer.nixl.sideChannelPort"),
     # side channel of DP rank 3 = 7997 + 3 = the API port
     ("vllm", {"kvTransfer": {"nixl": {"sideChannelPort": 7997}}, "decode": {"dataParallelSize": 4}},
@@ -328,6 +336,10 @@ def test_equal_ports_on_a_pod_are_refused(kind, spec, field):
 def test_distinct_ports_pass():
     objects(minimal("vllm", kvTransfer={"nixl": {"sideChannelPort": 7996}}, decode={"dataParallelSize": 4}))
     objects(minimal("sglang", kvTransfer={"bootstrapPort": 30001}))
+    # without attention DP those ports are IPC files, not TCP
+    objects(minimal("sglang", kvTransfer={"bootstrapPort": 30238}))
+    objects(minimal("sglang", kvTransfer={"bootstrapPort": 30239},
+                    prefill={"tensorParallelSize": 2, "dataParallelSize": 2, "dataParallelAttention": True}))
 
 
 # ---------------------------------------------------------------- 5. Mooncake over RDMA needs RDMA

@@ -44,6 +44,12 @@ DIST_INIT_PORTS = 8
 # at the --dist-init-addr port + 13 (server_args.py DP_ATTENTION_HANDSHAKE_PORT_DELTA,
 # data_parallel_controller.py).
 DP_ATTENTION_HANDSHAKE_PORT_DELTA = 13
+# On one node, attention DP puts its ZMQ sockets on 127.0.0.1 at the HTTP port + 233 (the
+# rendezvous) and the five after it (server_args.py PortArgs.init_new, ZMQ_TCP_PORT_DELTA; each
+# checked free at start by wait_port_available), and the worker-ports handshake at the HTTP port
+# + 13 on --host (data_parallel_controller.py _broadcast_worker_ports, dist_init_addr unset).
+ZMQ_TCP_PORT_DELTA = 233
+ZMQ_TCP_PORTS = 6
 
 
 # The attention backend flags, and the backends that force the KV page (arg_groups/overrides.py
@@ -394,6 +400,12 @@ class SGLangAdapter(EngineAdapter):
             if pool.data_parallel_attention and pool.data_parallel_size > 1:
                 port = DIST_INIT_PORT + DP_ATTENTION_HANDSHAKE_PORT_DELTA
                 ports.append((port, "", f"SGLang's attention-DP port handshake {DIST_INIT_PORT}+{DP_ATTENTION_HANDSHAKE_PORT_DELTA}"))
+        elif pool.data_parallel_attention and pool.data_parallel_size > 1:
+            http = self.http_port
+            ports.append((http + DP_ATTENTION_HANDSHAKE_PORT_DELTA, "",
+                          f"SGLang's attention-DP port handshake (the HTTP port {http} + {DP_ATTENTION_HANDSHAKE_PORT_DELTA})"))
+            ports += [(http + ZMQ_TCP_PORT_DELTA + i, "",
+                       f"SGLang's attention-DP ZMQ port {http}+{ZMQ_TCP_PORT_DELTA + i} (127.0.0.1)") for i in range(ZMQ_TCP_PORTS)]
         if role == "prefill":
             ports.append((self.spec.kv_transfer.bootstrap_port, "kvTransfer.bootstrapPort", "the bootstrap server"))
         return ports
