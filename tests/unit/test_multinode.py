@@ -236,9 +236,16 @@ def test_per_rail_rdma_and_wide_ep_fabric_env():
         assert env["NCCL_IB_GID_INDEX"] == env["NVSHMEM_IB_GID_INDEX"] == "3"
         assert env["NCCL_IB_TC"] == env["NVSHMEM_IB_TRAFFIC_CLASS"] == "106"
         assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]  # RDMA memory registration
-    # a one-node pool without DeepEP gets no collective-fabric env
-    one = workloads(minimal("sglang", kvTransfer=obj["spec"]["kvTransfer"]))["decode"]
-    assert not any(e["name"].startswith(("NCCL_", "NVSHMEM_")) for e in one["spec"]["template"]["spec"]["containers"][0]["env"])
+        assert env["MC_GID_INDEX"] == "3"  # Mooncake's KV transfer over RDMA
+    # a one-node pool without DeepEP gets no collective-fabric env, but Mooncake's GID index
+    one = workloads(minimal("sglang", kvTransfer=obj["spec"]["kvTransfer"]))
+    for role in ("prefill", "decode"):
+        env = {e["name"]: e.get("value") for e in one[role]["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert not any(name.startswith(("NCCL_", "NVSHMEM_")) for name in env) and env["MC_GID_INDEX"] == "3"
+    # Mooncake over TCP (no RDMA resources) and NIXL have no use for it
+    for kvt in ({"backend": "mooncake", "rdma": {"gidIndex": 3}}, {**obj["spec"]["kvTransfer"], "backend": "nixl"}):
+        c = workloads(minimal("sglang", kvTransfer=kvt))["decode"]["spec"]["template"]["spec"]["containers"][0]
+        assert "MC_GID_INDEX" not in {e["name"] for e in c["env"]}
 
 
 def test_sglang_attention_dp_handshake_port_is_checked_and_bootstrap_is_on_the_leader_only():

@@ -503,7 +503,8 @@ class RdmaSpec(Base):
     gid_index: Optional[int] = Field(
         None, ge=0, le=255,
         description="RoCE GID index of the NICs (often 3 for RoCEv2): sets NCCL_IB_GID_INDEX and NVSHMEM_IB_GID_INDEX "
-        "(DeepEP's internode all-to-all runs on NVSHMEM) on pools whose replicas span nodes or use deepepMode.",
+        "(DeepEP's internode all-to-all runs on NVSHMEM) on pools whose replicas span nodes or use deepepMode, and "
+        "MC_GID_INDEX (Mooncake's KV transfer over RDMA) on every SGLang pod with kvTransfer.backend mooncake.",
     )
     traffic_class: Optional[int] = Field(
         None, ge=0, le=255,

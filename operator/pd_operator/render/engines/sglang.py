@@ -373,6 +373,12 @@ class SGLangAdapter(EngineAdapter):
             nixl_backend = spec.kv_transfer.nixl.backends[0]
             if nixl_backend != "UCX":
                 env.append({"name": "SGLANG_DISAGGREGATION_NIXL_BACKEND", "value": nixl_backend})
+        if self.transfer_backend() == "mooncake" and spec.kv_transfer.rdma.gid_index is not None:
+            # Mooncake's RDMA transport takes the GID index from MC_GID_INDEX; on RoCE its own
+            # choice can come up empty ("GID is NULL, please check your GID index by specifying
+            # MC_GID_INDEX", mooncake-transfer-engine engine.so) and every transfer fails (SGLang's
+            # test/server_fixtures/disaggregation_fixture.py _maybe_set_roce_gid_index sets it so)
+            env.append({"name": "MC_GID_INDEX", "value": str(spec.kv_transfer.rdma.gid_index)})
         if spec.engine.api_key_secret_ref:
             env.append(secret_env(API_KEY_ENV, spec.engine.api_key_secret_ref))
         return env
