@@ -347,3 +347,12 @@ def test_startup_budget_sets_the_startup_probe():
     assert p["periodSeconds"] * p["failureThreshold"] == 3600
     c = engine_container(render(validate_service(minimal())), "decode")
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800
+
+
+def test_a_pool_budget_never_holds_an_unready_pod():
+    """The eviction API lets an unready pod go only while the budget is met unless the budget
+    says AlwaysAllow (k8s pkg/registry/core/pod/storage/eviction.go); a one-replica pool that
+    crash-loops or is still loading its model would otherwise block kubectl drain for good."""
+    for obj in render(validate_service(minimal())):
+        if obj["kind"] == "PodDisruptionBudget":
+            assert obj["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow" and obj["spec"]["maxUnavailable"] == 1

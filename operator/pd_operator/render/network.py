@@ -78,10 +78,16 @@ def router_network_policy(svc: PDInferenceService, api_port: int, metrics_port: 
 
 
 def pod_disruption_budget(svc: PDInferenceService, role: str) -> dict:
-    """Voluntary disruptions (node drains) take at most one pod of a role at a time."""
+    """Voluntary disruptions (node drains) take at most one pod of a role at a time. A pod that
+    is not Ready (crash-looping, or loading a model for up to the startup probe's half hour) is
+    evicted whatever the budget says: by default the eviction API lets an unready pod go only
+    while the budget is met (pkg/registry/core/pod/storage/eviction.go), and a pool of one
+    replica (desired healthy 0, disruptions allowed 0 while it is unready: pkg/controller/
+    disruption) or of unready replicas would block `kubectl drain` for good."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": metadata(svc, child_name(svc, role), role),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(svc, role)}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(svc, role)},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
