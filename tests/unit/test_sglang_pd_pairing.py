@@ -26,15 +26,20 @@ def engine_args(objs: list[dict], role: str) -> list[str]:
     return sts["spec"]["template"]["spec"]["containers"][0]["command"]
 
 
+H100 = {"gpuProduct": "NVIDIA-H100-80GB-HBM3"}
+
+
 def test_unequal_kv_pages_are_refused():
     """disaggregation/common/conn.py CommonKVManager.try_ensure_parallel_info: "Page size
-    mismatch" at decode's first request; the page as SGLangAdapter.page_size follows it."""
-    p = refused(decode={"extraArgs": ["--page-size", "64"]})
-    assert "Page size mismatch" in p["spec.decode.extraArgs"] and "1 tokens on prefill and 64 on decode" in p["spec.decode.extraArgs"]
-    # a page an attention backend forces (flashmla: 64) against --page-size 32 on the other pool
-    p = refused(prefill={"extraArgs": ["--attention-backend", "flashmla"]}, decode={"extraArgs": ["--page-size", "32"]})
-    assert "64 tokens on prefill and 32 on decode" in p["spec.decode.extraArgs"]
-    p = refused(prefill={"extraArgs": ["--page-size", "16"]})
+    mismatch" at decode's first request; the page as SGLangAdapter.page_size follows it, where
+    both pools' pages are known (_known_page)."""
+    p = refused(prefill=H100, decode={**H100, "extraArgs": ["--page-size", "64"]})
+    assert "Page size mismatch" in p["spec.decode.extraArgs"] and "1 on prefill and 64 on decode" in p["spec.decode.extraArgs"]
+    # a page an attention backend forces (flashmla: 64) against --page-size 32 with fa3 named
+    p = refused(prefill={"extraArgs": ["--attention-backend", "flashmla"]},
+                decode={"extraArgs": ["--page-size", "32", "--attention-backend", "fa3"]})
+    assert "64 on prefill and 32 on decode" in p["spec.decode.extraArgs"]
+    p = refused(prefill={**H100, "extraArgs": ["--page-size", "16"]}, decode=H100)
     assert "Page size mismatch" in p["spec.prefill.extraArgs"]
     # the same page, however given
     rendered(engine={"kind": "sglang", "extraArgs": ["--page-size", "64"]})
@@ -42,10 +47,24 @@ def test_unequal_kv_pages_are_refused():
     rendered(prefill={"extraArgs": ["--page-size", "32"]}, decode={"extraArgs": ["--page-size", "32", "--attention-backend", "trtllm_mla"]})
 
 
+def test_a_page_sglangs_own_backend_may_change_is_not_judged():
+    """Where no backend is named SGLang picks one by GPU and model (arg_groups/
+    model_override_base.py): fa3 on Hopper keeps the page, but on Blackwell trtllm_mha raises a
+    page of 1 to 64 (overrides.py), so decode --page-size 64 alone may match there; without a
+    GPU product the operator cannot tell, and lets it through."""
+    rendered(decode={"extraArgs": ["--page-size", "64"]})
+    b200 = {"gpuProduct": "NVIDIA-B200"}
+    rendered(prefill=b200, decode={**b200, "extraArgs": ["--page-size", "64"]})
+    # a forced page against a page SGLang's own pick may still move: not judged either
+    rendered(prefill={"extraArgs": ["--attention-backend", "flashmla"]}, decode={"extraArgs": ["--page-size", "32"]})
+
+
 def test_kv_cache_dtypes_that_cannot_match_are_refused():
     """Same function: "KV cache dtype mismatch", a comparison of kv_cache_dtype_str strings.
-    "auto" may resolve to fp8_e4m3 (an FP8 checkpoint, mem_cache/kv_cache_dtype.py) or
-    bfloat16 (DeepSeek DSA hooks), "bf16" to "bfloat16" (DSA): those pairs are let through."""
+    "auto" may resolve to fp8_e4m3 (an FP8 checkpoint, mem_cache/kv_cache_dtype.py) or, for a
+    model the hooks handle, bfloat16 (DeepSeek DSA), "bf16" to "bfloat16" (DSA): those pairs are
+    let through for a model the operator does not know. For Qwen3-8B (known, no hook) "auto"
+    stays "auto" against "bfloat16"."""
     p = refused(decode={"extraArgs": ["--kv-cache-dtype", "fp8_e5m2"]})
     assert "KV cache dtype mismatch" in p["spec.decode.extraArgs"] and "auto on prefill and fp8_e5m2" in p["spec.decode.extraArgs"]
     p = refused(engine={"kind": "sglang", "extraArgs": ["--kv-cache-dtype", "fp8_e4m3"]},
@@ -57,8 +76,14 @@ def test_kv_cache_dtypes_that_cannot_match_are_refused():
                 decode={"extraArgs": ["--kv-cache-dtype", "fp8_e5m2", "--page-size", "64"]})
     assert list(p) == ["spec.decode.extraArgs"] and "KV cache dtype mismatch" in p["spec.decode.extraArgs"]
     rendered(decode={"extraArgs": ["--kv-cache-dtype", "fp8_e4m3"]})
-    rendered(decode={"extraArgs": ["--kv-cache-dtype", "bfloat16"]})
-    rendered(prefill={"extraArgs": ["--kv-cache-dtype", "bf16"]}, decode={"extraArgs": ["--kv-cache-dtype", "bfloat16"]})
+    p = refused(decode={"extraArgs": ["--kv-cache-dtype", "bfloat16"]})
+    assert "auto on prefill and bfloat16 on decode" in p["spec.decode.extraArgs"]
+    p = refused(prefill={"extraArgs": ["--kv-cache-dtype", "bf16"]}, decode={"extraArgs": ["--kv-cache-dtype", "bfloat16"]})
+    assert "bf16 on prefill and bfloat16 on decode" in p["spec.decode.extraArgs"]
+    unknown = {"name": "acme/dsa-like"}
+    rendered(model=unknown, decode={"extraArgs": ["--kv-cache-dtype", "bfloat16"]})
+    rendered(model=unknown, prefill={"extraArgs": ["--kv-cache-dtype", "bf16"]},
+             decode={"extraArgs": ["--kv-cache-dtype", "bfloat16"]})
     rendered(engine={"kind": "sglang", "extraArgs": ["--kv-cache-dtype", "fp8_e5m2"]})
     rendered(prefill={"extraArgs": ["--attention-backend", "tokenspeed_mla"]},
              decode={"extraArgs": ["--kv-cache-dtype", "fp8_e4m3", "--page-size", "64"]})

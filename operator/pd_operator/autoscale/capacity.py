@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 
 from ..api.models import PDInferenceService, PDInferenceServiceSpec, PoolSpec, duration_seconds
 from ..perfmodel.costmodel import CostModel, shape_for
-from ..perfmodel.engine_defaults import (default_max_running, kv_element_bytes, kv_tokens, vllm_block_size,
-                                        vllm_step_tokens)
+from ..perfmodel.engine_defaults import (default_attention_backend, default_max_running, kv_element_bytes, kv_tokens,
+                                        vllm_attention_backend, vllm_block_size, vllm_step_tokens)
 from ..render.args import user_engine_flag
 
 CALIBRATED_GPU = "H200"            # the GPU the cost model is calibrated on
@@ -186,13 +186,17 @@ def pool_kv_tokens(spec: PDInferenceServiceSpec, role: str, cost: CostModel) -> 
     model's at the pool's gpuMemoryUtilization, or as the KV flags of extraArgs size it
     (perfmodel.engine_defaults.kv_tokens: vLLM --kv-cache-memory-bytes, SGLang
     --max-total-tokens, vLLM --num-gpu-blocks-override blocks of --block-size tokens or of the
-    attention backend's size: perfmodel.engine_defaults.vllm_block_size). None under
+    attention backend's size, the one named or vLLM's default on the H200 for the model and
+    KV-cache dtype: perfmodel.engine_defaults.vllm_block_size). None under
     --num-gpu-blocks-override with a backend whose block size is not known."""
     engine = spec.engine.kind
     if engine == "vllm":
         blocks = user_engine_flag(spec, role, "--num-gpu-blocks-override")
-        size = vllm_block_size(user_engine_flag(spec, role, "--attention-backend"),
-                               user_engine_flag(spec, role, "--block-size"))
+        kv_dtype = user_engine_flag(spec, role, "--kv-cache-dtype")
+        backend = (vllm_attention_backend(user_engine_flag(spec, role, "--attention-backend"),
+                                          user_engine_flag(spec, role, "--attention-config"))
+                   or default_attention_backend(CALIBRATED_GPU, cost.shape.mla, kv_dtype))
+        size = vllm_block_size(backend, user_engine_flag(spec, role, "--block-size"))
         if blocks is not None and size is None:
             return None
         return kv_tokens(cost, engine, _memory_fraction(spec.pool(role)),

@@ -91,23 +91,73 @@ def kv_element_bytes(engine: str, kv_cache_dtype: str | None, model_bytes: int, 
     return None
 
 
-# vLLM 0.33.0's KV block size on the H200 (compute capability 9.0) when --block-size is unset, by
-# the attention backend: 16 where the backend takes it, else the smallest size it supports
-# (v1/attention/backend.py get_preferred_block_size; platforms/interface.py
-# update_block_size_for_backend; config/cache.py DEFAULT_BLOCK_SIZE 16). Unnamed, vLLM picks
-# FLASH_ATTN, or FLASH_ATTN_MLA for an MLA model (platforms/cuda.py), both MultipleOf(16).
-VLLM_H200_BLOCK_SIZE = {None: 16, "FLASH_ATTN": 16, "FLASH_ATTN_MLA": 16, "FLASHINFER": 16, "TRITON_ATTN": 16,
-                        "TRITON_MLA": 16, "FLEX_ATTENTION": 16, "FLASHMLA": 64, "CUTLASS_MLA": 128}
+# NVIDIA GPU products (the GPU feature discovery label values, e.g. NVIDIA-H200, NVIDIA-B200,
+# NVIDIA-A100-SXM4-80GB) by compute capability major
+_GPU_MAJOR = ((r"(?<![A-Z])G?B(200|300)(?![0-9])", 10),
+              (r"RTX.*(BLACKWELL|50[0-9]0)", 12),
+              (r"(?<![A-Z])G?H(100|200|800|20)(?![0-9])", 9),
+              (r"(?<![A-Z])(A(100|800|40|30|10|16|2)|L(40S|40|20|4))(?![0-9])", 8))
+_KV_16BIT = frozenset({None, "auto", "float16", "bfloat16", "half"})
+
+
+def gpu_major(product: str | None) -> int | None:
+    """The compute capability major of an NVIDIA GPU product name; None when not known."""
+    import re
+
+    if not product:
+        return None
+    return next((m for pattern, m in _GPU_MAJOR if re.search(pattern, product.upper())), None)
+
+
+def default_attention_backend(product: str | None, mla: bool | None, kv_cache_dtype: str | None = None) -> str | None:
+    """The attention backend vLLM 0.33.0 picks by itself (platforms/cuda.py
+    ``_get_backend_priorities``: the first of its list that takes the compute capability and
+    the KV-cache dtype, ``supports_compute_capability`` / ``supported_kv_cache_dtypes``).
+    Without MLA: FLASHINFER on 10.x; FLASH_ATTN on 8.x, 9.x and 12.x, except an FP8 KV cache,
+    which FlashAttention takes on 9.x only and never as fp8_e5m2 (v1/attention/backends/fa_utils.py
+    ``flash_attn_supports_kv_cache_dtype``: FLASHINFER then). With MLA: FLASHINFER_MLA on 10.x;
+    on 9.x FLASH_ATTN_MLA (major 9 only, 16-bit KV only) or, with FP8 KV, FLASHMLA; TRITON_MLA on
+    8.x and 12.x. ``kv_cache_dtype``: --kv-cache-dtype ("auto" taken as the model's own dtype).
+    ``mla`` None (a model whose attention the operator does not know): both answers, "X or Y".
+    None: a GPU product, or a KV-cache dtype, not known here."""
+    major = gpu_major(product)
+    fp8 = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}.get(kv_cache_dtype or "auto")
+    if major is None or (fp8 is None and kv_cache_dtype not in _KV_16BIT):
+        return None
+    if major == 10:
+        plain = "FLASHINFER"
+    else:
+        plain = "FLASH_ATTN" if fp8 is None or (major == 9 and fp8 == "e4m3") else "FLASHINFER"
+    latent = (None if fp8 == "e5m2" else "FLASHINFER_MLA" if major == 10
+              else ("FLASH_ATTN_MLA" if fp8 is None else "FLASHMLA") if major == 9 else "TRITON_MLA")
+    if mla is None:
+        return f"{plain} or {latent}" if latent else None
+    return latent if mla else plain
+
+
+# vLLM 0.33.0's KV block size by attention backend when --block-size is unset: 16 where the
+# backend takes it, else the smallest size it supports (v1/attention/backend.py
+# get_preferred_block_size; platforms/interface.py update_block_size_for_backend; config/cache.py
+# DEFAULT_BLOCK_SIZE 16; each backend's get_supported_kernel_block_sizes)
+VLLM_BLOCK_SIZE = {"FLASH_ATTN": 16, "FLASH_ATTN_MLA": 16, "FLASHINFER": 16, "TRITON_ATTN": 16, "TRITON_MLA": 16,
+                   "FLEX_ATTENTION": 16, "FLASHMLA": 64, "FLASHINFER_MLA": 32, "CUTLASS_MLA": 128}
+
+
+def vllm_attention_backend(named: str | None, attention_config) -> str | None:
+    """The backend a vLLM command line names: --attention-backend (any case; "auto" is none) or
+    the ``backend`` of --attention-config (the two are mutually exclusive, engine/arg_utils.py)."""
+    if named is None and isinstance(attention_config, dict):
+        named = attention_config.get("backend")
+    return None if not isinstance(named, str) or named.lower() == "auto" else named.upper()
 
 
 def vllm_block_size(attention_backend: str | None, block_size: int | None) -> int | None:
-    """The tokens of one vLLM KV block on the H200: ``--block-size`` when set, else the
-    backend's (``--attention-backend``, any case; "auto" or None: vLLM's choice):
-    :data:`VLLM_H200_BLOCK_SIZE`. None for a backend not listed there."""
+    """The tokens of one vLLM KV block: ``--block-size`` when set, else the backend's
+    (:data:`VLLM_BLOCK_SIZE`; ``attention_backend`` the one named or vLLM's default,
+    :func:`default_attention_backend`). None for a backend not listed there."""
     if block_size:
         return block_size
-    name = None if attention_backend is None or attention_backend.lower() == "auto" else attention_backend.upper()
-    return VLLM_H200_BLOCK_SIZE.get(name)
+    return VLLM_BLOCK_SIZE.get(attention_backend) if attention_backend else None
 
 
 def kv_tokens(cost, engine: str, mem_fraction: float, kv_cache_memory_bytes: int | None = None,

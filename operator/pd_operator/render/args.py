@@ -94,8 +94,13 @@ def user_flag_value(component: str, version: str, base_argv: list[str], args: li
 def user_engine_flag(spec, role: str, flag: str):
     """A flag of the pool's engine as its parser reads it from ``spec.engine.extraArgs`` then
     the pool's (rendered in that order: the last wins); None when unset."""
-    args = list(spec.engine.extra_args) + list(spec.pool(role).extra_args)
-    if not args:
+    return _read_flag(spec, list(spec.engine.extra_args) + list(spec.pool(role).extra_args), flag)
+
+
+def _read_flag(spec, args: list[str], flag: str, default: bool = False):
+    """``flag`` as the engine's parser reads it from ``args`` (None without args, unless
+    ``default``: then the parser's default)."""
+    if not args and not default:
         return None
     base = (["vllm", "serve", "model"] if spec.engine.kind == "vllm"
             else ["python3", "-m", "sglang.launch_server", "--model-path", "model"])
@@ -108,7 +113,24 @@ def sets_flag(args: list[str], flag: str) -> bool:
     return any(a.split("=", 1)[0].replace("_", "-") == flag for a in args)
 
 
+def pool_sets(spec, role: str, flag: str) -> bool:
+    """Whether the pool's own extraArgs set ``flag``, under any of its names (as the engine's
+    parser reads them: ``-pcp`` is ``--prefill-context-parallel-size``)."""
+    args = list(spec.pool(role).extra_args)
+    return bool(args) and _read_flag(spec, args, flag) != _read_flag(spec, [], flag, default=True)
+
+
 def flag_field(spec, role: str, flag: str) -> str:
     """The field that sets ``flag`` for the pool, for an error to name: the pool's extraArgs
     when they set it (they come last and win), else the engine's."""
-    return f"spec.{role}.extraArgs" if sets_flag(spec.pool(role).extra_args, flag) else "spec.engine.extraArgs"
+    return f"spec.{role}.extraArgs" if pool_sets(spec, role, flag) else "spec.engine.extraArgs"
+
+
+def pair_field(spec, *flags: str) -> str:
+    """The field to name for a setting prefill and decode must agree on: the pool extraArgs that
+    set the first of ``flags`` either pool sets (decode's first), else spec.engine.extraArgs."""
+    for flag in flags:
+        for role in ("decode", "prefill"):
+            if pool_sets(spec, role, flag):
+                return f"spec.{role}.extraArgs"
+    return "spec.engine.extraArgs"

@@ -144,6 +144,12 @@ class EngineAdapter(ABC):
     def pool(self, role: str):
         return self.spec.pool(role)
 
+    def gpu_product(self, role: str) -> str | None:
+        """The GPU product the pool's pods land on, when the spec names it (gpuProduct, or the
+        product label in nodeSelector)."""
+        pool = self.spec.pool(role)
+        return pool.gpu_product or pool.node_selector.get(self.spec.gpu_product_label())
+
     def env(self, role: str) -> list[dict]:
         """The container's whole environment, in a stable order; user env last."""
         spec = self.spec

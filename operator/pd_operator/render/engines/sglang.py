@@ -159,20 +159,21 @@ class SGLangAdapter(EngineAdapter):
         "SGLang prefill/decode pairs"). The decode side fetches the prefill's parallel info at its
         first request and compares (disaggregation/common/conn.py
         ``CommonKVManager.try_ensure_parallel_info``, for mooncake and nixl alike):
-        - the KV page (``kv_args.page_size``): "Page size mismatch";
+        - the KV page (``kv_args.page_size``): "Page size mismatch", where both pools' pages are
+          known (:meth:`_known_page`);
         - the KV-cache dtype string (``kv_cache_dtype_str``): "KV cache dtype mismatch";
         - the pipeline depth (``_resolve_rank_mapping``): decode's pp_size must be prefill's or 1.
         Also refused: a prefill chunk SGLang refuses at start (:meth:`_check_prefill_chunk`), and
         a decode radix cache next to flags SGLang refuses it with (:meth:`_check_decode_radix`)."""
-        from ..args import user_engine_flag
+        from ..args import pair_field, user_engine_flag
 
         spec = self.spec
         problems: list[tuple[str, str]] = []
-        page = {role: self.page_size(role) for role in ("prefill", "decode")}
-        if page["prefill"] != page["decode"]:
-            problems.append((self._pair_field(("--page-size", *ATTENTION_BACKEND_FLAGS), ("--kv-cache-dtype",)),
-                             f"the KV page is {page['prefill']} tokens on prefill and {page['decode']} on decode "
-                             "(--page-size, or the page the named attention backend forces): SGLang's decode "
+        page = {role: self._known_page(role) for role in ("prefill", "decode")}
+        if None not in page.values() and page["prefill"] != page["decode"]:
+            problems.append((pair_field(spec, "--page-size", *ATTENTION_BACKEND_FLAGS, "--kv-cache-dtype"),
+                             f"the KV page is {page['prefill']} on prefill and {page['decode']} on decode (tokens; "
+                             "--page-size, or the page the attention backend forces): SGLang's decode "
                              "compares the pages at the first request it takes from a prefill and raises (\"Page "
                              "size mismatch\"); give both pools the same --page-size and attention backends, e.g. "
                              "once in spec.engine.extraArgs"))
@@ -181,7 +182,7 @@ class SGLangAdapter(EngineAdapter):
             said = {role: "fp8_e4m3 (tokenspeed_mla forces it)" if dtypes[role] == {"fp8_e4m3"}
                     and (user_engine_flag(spec, role, "--kv-cache-dtype") or "auto") != "fp8_e4m3"
                     else user_engine_flag(spec, role, "--kv-cache-dtype") or "auto" for role in ("prefill", "decode")}
-            problems.append((self._pair_field(("--kv-cache-dtype",), ATTENTION_BACKEND_FLAGS),
+            problems.append((pair_field(spec, "--kv-cache-dtype", *ATTENTION_BACKEND_FLAGS),
                              f"the KV cache is --kv-cache-dtype {said['prefill']} on prefill and {said['decode']} on "
                              "decode, which cannot resolve to the same dtype: SGLang's "
                              "decode compares them at the first request it takes from a prefill and raises (\"KV "
@@ -197,6 +198,24 @@ class SGLangAdapter(EngineAdapter):
                              + (f"to {pp['prefill']} or 1" if pp["prefill"] > 1 else "to 1")))
         return problems + self._check_prefill_chunk() + self._check_decode_radix()
 
+    def _known_page(self, role: str) -> int | None:
+        """The pool's KV page where the operator can tell it (:meth:`page_size`): a page a named
+        backend forces, or the flag's page where the backends are named (the main one, or the
+        prefill and decode ones) or where SGLang's own pick forces none: on Hopper it picks fa3
+        (arg_groups/model_override_base.py, the default backend, MHA and MLA alike), which keeps
+        the page. Elsewhere its pick may force one (trtllm_mha raises a page under 16 to 64 on
+        Blackwell for MHA models, overrides.py): None, not told."""
+        from ...perfmodel.engine_defaults import gpu_major
+        from ..args import user_engine_flag
+
+        page = self.page_size(role)
+        if page != max(1, user_engine_flag(self.spec, role, "--page-size") or 1):
+            return page
+        named = {flag: user_engine_flag(self.spec, role, flag) for flag in (_MAIN, _DECODE, _PREFILL)}
+        if named[_MAIN] or (named[_DECODE] and named[_PREFILL]) or gpu_major(self.gpu_product(role)) == 9:
+            return page
+        return None
+
     def _kv_dtypes(self, role: str) -> frozenset[str]:
         """The KV-cache dtype strings a pool's engine may report at the PD handshake
         (``kv_cache_dtype_str``, model_executor/model_runner.py ``configure_kv_cache_dtype``: the
@@ -205,13 +224,18 @@ class SGLangAdapter(EngineAdapter):
         (arg_groups/serving_hook.py ``_handle_deprecated_args``). "auto" stays "auto" unless the
         checkpoint names an FP8 KV cache (fp8_e4m3) or a model hook picks one (fp8_e4m3 or
         bfloat16: arg_groups/overrides.py DeepSeek DSA, DeepSeek V4, Muse Spark; MiniMax M3);
-        "bf16" is renamed "bfloat16" for DeepSeek DSA only. The operator does not know the
-        model's architecture, so every string the flags may give is kept."""
+        "bf16" is renamed "bfloat16" for DeepSeek DSA only. For a model the cost model knows
+        (none of them is one the hooks handle) "auto" is "auto" or a checkpoint's fp8_e4m3; for
+        another, every string the flags may give is kept."""
         from ..args import user_engine_flag
+
+        from ...perfmodel.costmodel import MODELS
 
         if "tokenspeed_mla" in (user_engine_flag(self.spec, role, _MAIN), user_engine_flag(self.spec, role, _DECODE)):
             return frozenset({"fp8_e4m3"})
         value = user_engine_flag(self.spec, role, "--kv-cache-dtype") or "auto"
+        if self.spec.model.name in MODELS:  # no model hook renames it: a checkpoint's FP8 KV at most
+            return frozenset({"auto", "fp8_e4m3"}) if value == "auto" else frozenset({value})
         return {"auto": frozenset({"auto", "fp8_e4m3", "bfloat16"}),
                 "bf16": frozenset({"bf16", "bfloat16"})}.get(value, frozenset({value}))
 
@@ -265,17 +289,6 @@ class SGLangAdapter(EngineAdapter):
                  "decode.enablePrefixCaching true renders --disaggregation-decode-enable-radix-cache, which SGLang "
                  f"refuses at start with {' and '.join(clashes)} (arg_groups/pd_disaggregation_hook.py): unset "
                  "enablePrefixCaching on decode, or drop the flag")]
-
-    def _pair_field(self, *flag_groups: tuple[str, ...]) -> str:
-        """The field to name for a setting the two pools must agree on: the pool extraArgs that set
-        a flag of the first group (decode's first), then of the next group; else spec.engine.extraArgs."""
-        from ..args import sets_flag
-
-        for flags in flag_groups:
-            for role in ("decode", "prefill"):
-                if any(sets_flag(self.spec.pool(role).extra_args, flag) for flag in flags):
-                    return f"spec.{role}.extraArgs"
-        return "spec.engine.extraArgs"
 
     def prefix_caching_args(self, enabled: bool | None) -> list[str]:
         # the radix cache is on by default, except on a PD decode server: _argv adds its flag there

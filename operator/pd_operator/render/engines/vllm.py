@@ -94,7 +94,7 @@ class VLLMAdapter(EngineAdapter):
         if self.spec.backend() in ("nixl", "lmcache"):
             problems += self._check_nixl_pair()
         if problems:
-            raise SpecError(problems, self.svc.metadata.name)
+            raise SpecError(list(dict.fromkeys(problems)), self.svc.metadata.name)  # each once
 
     def _check_context_parallel(self, role: str) -> list[tuple[str, str]]:
         """vLLM's world size is PP x TP x PCP GPUs per DP rank (config/parallel.py
@@ -109,10 +109,10 @@ class VLLMAdapter(EngineAdapter):
         if pcp <= 1:
             return []
         return [(flag_field(self.spec, role, "--prefill-context-parallel-size"),
-                 f"--prefill-context-parallel-size {pcp} makes each engine of the {role} pool use "
-                 f"TP x PP x {pcp} GPUs (vLLM config/parallel.py world_size), more than the pod requests: "
-                 "the operator does not place prefill context parallelism; remove the flag (or use "
-                 "tensorParallelSize for the GPUs)")]
+                 f"--prefill-context-parallel-size {pcp} makes each engine use "
+                 f"TP x PP x {pcp} GPUs (vLLM config/parallel.py world_size), more than the pod requests "
+                 "(TP x PP x local DP): the operator does not place prefill context parallelism; remove "
+                 "the flag")]
 
     def _check_nixl_pair(self) -> list[tuple[str, str]]:
         """What vLLM's NIXL handshake compares between a decode engine and the prefill engine it
@@ -127,16 +127,18 @@ class VLLMAdapter(EngineAdapter):
         are checked at the handshake instead: decode's must be a multiple of prefill's
         (kv_connector/utils.py ``block_size_ratio``, asserted on the pulling side).
 
-        Refused here: values the two pools set differently, and a value one pool sets where the
-        other's is vLLM's own choice that the operator cannot know (the attention backend by
-        GPU and model, the hybrid KV-cache manager by connector and model): set it for both pools,
-        once in spec.engine.extraArgs. A dtype ("auto": the checkpoint's) or a KV-cache dtype
-        ("auto" against an FP8 name the checkpoint may give) left to the checkpoint on one pool
-        is let through. Where both pools name a GPU product, vLLM's default backend by compute
-        capability is compared too (:func:`default_attention_backend`)."""
+        Each setting is taken as the pool's flags give it or, unset, as vLLM would choose it
+        where the operator can tell (the attention backend of a model the cost model knows on
+        a named GPU product: perfmodel.engine_defaults.default_attention_backend; the block
+        size of a known backend; the hybrid KV-cache manager by connector). Refused: settings
+        that differ, and a setting one pool names where the other's choice cannot be told (set
+        it for both pools, once in spec.engine.extraArgs). A ``--dtype`` or ``--kv-cache-dtype``
+        left to the checkpoint ("auto") on one pool is let through: the checkpoint may give what
+        the other pool names."""
         from ...perfmodel.costmodel import MODELS
-        from ...perfmodel.engine_defaults import ONE_BYTE_KV
-        from ..args import user_engine_flag
+        from ...perfmodel.engine_defaults import (ONE_BYTE_KV, VLLM_BLOCK_SIZE, default_attention_backend,
+                                                  vllm_attention_backend)
+        from ..args import pair_field, user_engine_flag
 
         spec = self.spec
         roles = ("prefill", "decode")
@@ -146,78 +148,79 @@ class VLLMAdapter(EngineAdapter):
 
         problems = []
 
-        def refuse(name: str, why: str) -> None:
-            problems.append((self._pair_field(name), f"{why}: vLLM's NIXL handshake compares it between prefill "
-                                                      "and decode and refuses every KV transfer when it differs "
-                                                      "(\"NIXL compatibility hash mismatch\"); set the same value "
-                                                      "for both pools, e.g. once in spec.engine.extraArgs"))
+        def refuse(names: tuple[str, ...], why: str) -> None:
+            problems.append((pair_field(spec, *names), f"{why}: vLLM's NIXL handshake compares it between prefill "
+                                                        "and decode and refuses every KV transfer when it differs "
+                                                        "(\"NIXL compatibility hash mismatch\"); set the same value "
+                                                        "for both pools, e.g. once in spec.engine.extraArgs"))
 
-        kv = {role: v or "auto" for role, v in flag("--kv-cache-dtype").items()}
+        kv_named = flag("--kv-cache-dtype")
+        kv = {role: v or "auto" for role, v in kv_named.items()}
         p, d = kv["prefill"], kv["decode"]
         if p != d and not ("auto" in (p, d) and ({p, d} - {"auto"}) <= ONE_BYTE_KV["vllm"]):
-            refuse("--kv-cache-dtype", f"--kv-cache-dtype is {p!r} on prefill and {d!r} on decode")
+            refuse(("--kv-cache-dtype",), f"--kv-cache-dtype is {p!r} on prefill and {d!r} on decode")
         # config/model.py _STR_DTYPE_TO_TORCH_DTYPE; "auto" is the checkpoint's
         dt = {role: {"half": "float16", "float": "float32"}.get(v, v) for role, v in flag("--dtype").items()}
         if None not in dt.values() and "auto" not in dt.values() and dt["prefill"] != dt["decode"]:
-            refuse("--dtype", f"--dtype is {dt['prefill']!r} on prefill and {dt['decode']!r} on decode")
-        # config/attention.py validate_backend_before: a name in any case, "auto" the default
-        backend = {role: None if v is None or v.lower() == "auto" else v.upper()
-                   for role, v in flag("--attention-backend").items()}
+            refuse(("--dtype",), f"--dtype is {dt['prefill']!r} on prefill and {dt['decode']!r} on decode")
+
         shape = MODELS.get(spec.model.name)
-        default = {role: default_attention_backend(self._gpu_product(role), shape.mla if shape else None)
+        known = shape is not None
+        named = {role: vllm_attention_backend(user_engine_flag(spec, role, "--attention-backend"),
+                                              user_engine_flag(spec, role, "--attention-config")) for role in roles}
+        default = {role: default_attention_backend(self.gpu_product(role), shape.mla if known else None, kv_named[role])
                    for role in roles}
-        if backend["prefill"] != backend["decode"]:
-            effective = {role: backend[role] or default[role] for role in roles}
-            if None in effective.values() or effective["prefill"] != effective["decode"]:
-                said = {role: backend[role] or "vLLM's default for its GPU and model" for role in roles}
-                refuse("--attention-backend", f"the attention backend is {said['prefill']} on prefill and "
-                                              f"{said['decode']} on decode")
-        elif backend["prefill"] is None and None not in default.values() and default["prefill"] != default["decode"]:
+        backend = {role: named[role] or default[role] for role in roles}
+        if named["prefill"] != named["decode"]:
+            if None in backend.values() or backend["prefill"] != backend["decode"]:
+                said = {role: named[role] or (f"vLLM's default on its GPU ({default[role]})" if default[role] else
+                                              "vLLM's default for its GPU and model") for role in roles}
+                refuse(("--attention-backend", "--attention-config"),
+                       f"the attention backend is {said['prefill']} on prefill and {said['decode']} on decode")
+        elif named["prefill"] is None and None not in default.values() and default["prefill"] != default["decode"]:
             problems.append(("spec.decode.gpuProduct" if spec.decode.gpu_product else "spec.decode.nodeSelector",
-                             f"prefill runs on {self._gpu_product('prefill')} and decode on "
-                             f"{self._gpu_product('decode')}, where vLLM picks different attention backends "
+                             f"prefill runs on {self.gpu_product('prefill')} and decode on "
+                             f"{self.gpu_product('decode')}, where vLLM picks different attention backends "
                              f"({default['prefill']} and {default['decode']}: platforms/cuda.py, by compute "
                              "capability) and its NIXL handshake refuses every KV transfer when they differ "
                              "(\"NIXL compatibility hash mismatch\"); use one GPU generation for both pools, or "
                              "name one --attention-backend both support in spec.engine.extraArgs"))
-        hma = flag("--disable-hybrid-kv-cache-manager")
-        if hma["prefill"] != hma["decode"]:
+
+        # unset, vLLM turns the hybrid KV-cache manager off for a connector without HMA support
+        # (config/vllm.py; NixlConnector has it, LMCacheConnectorV1 not, and a MultiConnector
+        # has it only when every child does) or for a model with chunked local attention, which
+        # no model the cost model knows has
+        hma_default = {"lmcache": True, "nixl": False if known else None}[spec.backend()]
+        hma_named = flag("--disable-hybrid-kv-cache-manager")
+        hma = {role: hma_default if v is None else v for role, v in hma_named.items()}
+        if hma_named["prefill"] != hma_named["decode"] and (None in hma.values() or hma["prefill"] != hma["decode"]):
             said = {role: {True: "off", False: "on", None: "vLLM's choice (by connector and model)"}[hma[role]]
                     for role in roles}
-            refuse("--disable-hybrid-kv-cache-manager",
+            refuse(("--disable-hybrid-kv-cache-manager",),
                    f"the hybrid KV-cache manager is {said['prefill']} on prefill and {said['decode']} on decode")
-        spec_factor = {role: _eagle_factors(v) for role, v in flag("--speculative-config").items()}
-        if spec_factor["prefill"] != spec_factor["decode"]:
-            said = {role: "none" if not spec_factor[role] else "a draft whose method vLLM infers"
-                    if spec_factor[role][0] == "unknown" else f"method {spec_factor[role][0]!r}" for role in roles}
-            refuse("--speculative-config", f"the speculative decoding run on the target's hidden states is "
-                                           f"{said['prefill']} on prefill and {said['decode']} on decode "
-                                           "(EAGLE-family methods: eagle, eagle3, mtp, dflash, dspark)")
-        block = flag("--block-size")
-        if None not in block.values() and block["decode"] % block["prefill"]:
-            problems.append((self._pair_field("--block-size"),
-                             f"--block-size is {block['prefill']} on prefill and {block['decode']} on decode: vLLM's "
+
+        draft = {role: _eagle_factors(v, kv[role]) for role, v in flag("--speculative-config").items()}
+        if UNKNOWN not in draft.values() and draft["prefill"] != draft["decode"]:
+            said = {role: "none" if draft[role] is None else f"method {draft[role][0]!r}" for role in roles}
+            what = (f"{said['prefill']} on prefill and {said['decode']} on decode" if None in draft.values()
+                    else "different on the two pools (" + ", ".join(
+                        f"{name} {a!r} and {b!r}" for name, a, b in zip(EAGLE_FACTORS, draft["prefill"], draft["decode"])
+                        if a != b) + ")")
+            refuse(("--speculative-config",), "the speculative decoding run on the target's hidden states "
+                                              "(EAGLE-family: eagle, eagle3, mtp, dflash, dspark) is " + what)
+
+        block_named = flag("--block-size")
+        block = {role: block_named[role] or VLLM_BLOCK_SIZE.get(backend[role] or "") for role in roles}
+        if block_named["prefill"] != block_named["decode"] and (
+                None in block.values() or block["decode"] % block["prefill"]):
+            said = {role: block_named[role] or (f"vLLM's default ({block[role]})" if block[role]
+                                                else "vLLM's default for its backend") for role in roles}
+            problems.append((pair_field(spec, "--block-size"),
+                             f"--block-size is {said['prefill']} on prefill and {said['decode']} on decode: vLLM's "
                              "NIXL transfer needs decode's block size to be a multiple of prefill's (kv_connector/"
                              "utils.py block_size_ratio, asserted at the handshake); set the same value for both "
                              "pools, e.g. once in spec.engine.extraArgs"))
         return problems
-
-    def _pair_field(self, name: str) -> str:
-        """The field to name for a flag the two pools must agree on: the pool extraArgs that set
-        it (decode's first), else spec.engine.extraArgs."""
-        from ..args import user_flag_value
-
-        base = ["vllm", "serve", "model"]
-        dest = name.lstrip("-").replace("-", "_")
-        for role in ("decode", "prefill"):
-            args = list(self.spec.pool(role).extra_args)
-            if args and user_flag_value("vllm", self.version, base, args, dest) is not None:
-                return f"spec.{role}.extraArgs"
-        return "spec.engine.extraArgs"
-
-    def _gpu_product(self, role: str) -> str | None:
-        pool = self.spec.pool(role)
-        return pool.gpu_product or pool.node_selector.get(self.spec.gpu_product_label())
 
     def _check_kv_memory(self, role: str) -> None:
         """``--kv-cache-memory-bytes`` is each GPU's KV cache (config/cache.py), and vLLM refuses to
@@ -456,44 +459,30 @@ class VLLMAdapter(EngineAdapter):
 # vLLM's speculative methods that run on the target's hidden states (config/speculative.py
 # SpeculativeConfig.use_eagle): their draft enters the NIXL compatibility hash
 EAGLE_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash", "dspark"})
+EAGLE_FACTORS = ("method", "model", "revision", "parallel_drafting", "kv_cache_dtype")
+UNKNOWN = object()
 
 
-def _eagle_factors(config) -> tuple | None:
-    """What a ``--speculative-config`` adds to the NIXL compatibility hash, as the JSON gives it
-    (kv_connector/v1/nixl/metadata.py ``_get_speculative_compatibility_factors``): None without
-    one or for a method not in :data:`EAGLE_METHODS`; a config without ``method`` (vLLM infers it
-    from the draft) is compared as written."""
+def _eagle_factors(config, kv_cache_dtype: str):
+    """What a ``--speculative-config`` adds to the NIXL compatibility hash
+    (kv_connector/v1/nixl/metadata.py ``_get_speculative_compatibility_factors``), as vLLM
+    resolves the JSON (config/speculative.py ``__post_init__``): a ``*_mtp`` method is ``mtp``;
+    without ``method`` it is inferred from the draft's name ("eagle-", "eagle3", "dflash",
+    "dspark") or, failing that, from the draft's config (:data:`UNKNOWN` here: not visible
+    offline); the draft's KV dtype is the target's unless given (``kv_cache_dtype``: the pool's
+    --kv-cache-dtype). None: no speculative config, or a method outside :data:`EAGLE_METHODS`."""
     if not isinstance(config, dict):
         return None
-    method = config.get("method")
-    if method is not None and method not in EAGLE_METHODS:
+    method, model = config.get("method"), config.get("model")
+    if method is None and isinstance(model, str):
+        name = model.lower()
+        method = next((m for key, m in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"),
+                                        ("dspark", "dspark"), ("ngram", "ngram")) if key in name), None)
+        if method is None:
+            return UNKNOWN
+    if isinstance(method, str) and method.endswith("_mtp"):
+        method = "mtp"
+    if method not in EAGLE_METHODS:
         return None
-    return (method, config.get("model"), config.get("revision"), bool(config.get("parallel_drafting")),
-            config.get("kv_cache_dtype")) if method else ("unknown", repr(sorted(config.items())))
-
-
-# NVIDIA GPU products (the GPU feature discovery label values, e.g. NVIDIA-H200, NVIDIA-B200,
-# NVIDIA-A100-SXM4-80GB) by compute capability major
-_GPU_MAJOR = ((r"(?<![A-Z])G?B(200|300)(?![0-9])", 10),
-              (r"RTX.*(BLACKWELL|50[0-9]0)", 12),
-              (r"(?<![A-Z])G?H(100|200|800|20)(?![0-9])", 9),
-              (r"(?<![A-Z])(A(100|800|40|30|10|16|2)|L(40S|40|20|4))(?![0-9])", 8))
-
-
-def default_attention_backend(product: str | None, mla: bool | None) -> str | None:
-    """The attention backend vLLM picks by itself on a GPU product (platforms/cuda.py
-    ``_get_backend_priorities``: the first its compute capability supports): FLASHINFER on
-    10.x, FLASH_ATTN on 8.x, 9.x and 12.x; with MLA, FLASHINFER_MLA on 10.x, FLASH_ATTN_MLA on
-    9.x (``supports_compute_capability``: major 9 only), TRITON_MLA on 8.x and 12.x. ``mla``
-    None (a model whose attention the operator does not know): both, "FLASH_ATTN or
-    FLASH_ATTN_MLA". None: a product the operator does not know."""
-    import re
-
-    if not product:
-        return None
-    major = next((m for pattern, m in _GPU_MAJOR if re.search(pattern, product.upper())), None)
-    if major is None:
-        return None
-    plain = "FLASHINFER" if major == 10 else "FLASH_ATTN"
-    latent = {10: "FLASHINFER_MLA", 9: "FLASH_ATTN_MLA"}.get(major, "TRITON_MLA")
-    return latent if mla else plain if mla is False else f"{plain} or {latent}"
+    return (method, model, config.get("revision"), bool(config.get("parallel_drafting")),
+            config.get("kv_cache_dtype") or kv_cache_dtype)

@@ -21,7 +21,8 @@ from dataclasses import replace
 
 from pd_operator.render.engines.flagset import FlagError, check_argv, split_command
 from pd_operator.perfmodel.costmodel import LINKS, Efficiency, Link, shape_for, MODELS
-from pd_operator.perfmodel.engine_defaults import kv_element_bytes, vllm_block_size, vllm_step_tokens
+from pd_operator.perfmodel.engine_defaults import (default_attention_backend, kv_element_bytes, vllm_attention_backend,
+                                                   vllm_block_size, vllm_step_tokens)
 from .group import group_from_namespace, join, lead, serve_worker
 from .server import SimConfig, SimServer
 
@@ -218,12 +219,10 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
         max_queued = ns.max_num_queued_reqs
         kv_memory, kv_cap = ns.kv_cache_memory_bytes, None
         if ns.num_gpu_blocks_override is not None:
-            # that many blocks of --block-size tokens, or of the backend's size (kv_cache_planning.py)
-            size = vllm_block_size(ns.attention_backend, ns.block_size)
-            if size is None:
-                raise ValueError(f"the simulator does not know the KV block size of --attention-backend "
-                                 f"{ns.attention_backend} for --num-gpu-blocks-override; add --block-size")
-            kv_blocks = (ns.num_gpu_blocks_override, size)
+            # that many blocks of --block-size tokens, or of the backend's size (kv_cache_planning.py):
+            # the one named, or vLLM's choice on the H200 the simulator stands for (below, once the
+            # model's shape is known)
+            kv_blocks = (ns.num_gpu_blocks_override, vllm_attention_backend(ns.attention_backend, ns.attention_config))
         if ns.speculative_config:
             raise ValueError(_SPECULATIVE.format(flag="--speculative-config"))
     else:
@@ -268,6 +267,13 @@ def config_from_argv(engine_argv: list[str], opts: argparse.Namespace | None = N
                          f"for {shape.name} (it models the model's own dtype and the plain FP8 formats)")
     if kv_bytes != model_bytes:
         shape = replace(shape, kv_dtype_bytes=kv_bytes)
+    if kv_blocks is not None:
+        backend = kv_blocks[1] or default_attention_backend("NVIDIA-H200", shape.mla, ns.kv_cache_dtype)
+        size = vllm_block_size(backend, ns.block_size)
+        if size is None:
+            raise ValueError(f"the simulator does not know the KV block size of the attention backend {backend} "
+                             "for --num-gpu-blocks-override; add --block-size")
+        kv_blocks = (kv_blocks[0], size)
     if flavor == "vllm":
         max_tokens = vllm_step_tokens(
             ns.max_num_batched_tokens, performance_mode, chunked_prefill=ns.enable_chunked_prefill,
