@@ -108,11 +108,6 @@ def _read_flag(spec, args: list[str], flag: str, default: bool = False):
                            flag.lstrip("-").replace("-", "_"))
 
 
-def sets_flag(args: list[str], flag: str) -> bool:
-    """Whether ``args`` name ``flag`` (``--flag``, ``--flag=value``, or vLLM's ``--flag_name``)."""
-    return any(a.split("=", 1)[0].replace("_", "-") == flag for a in args)
-
-
 def pool_sets(spec, role: str, flag: str) -> bool:
     """Whether the pool's own extraArgs set ``flag``, under any of its names (as the engine's
     parser reads them: ``-pcp`` is ``--prefill-context-parallel-size``)."""
