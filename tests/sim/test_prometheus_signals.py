@@ -84,6 +84,13 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
         "prefill": [(busy_host, busy_port, engine_labels("busy", "prefill")), (idle_host, idle_port, engine_labels("idle", "prefill"))],
         "decode": [(busy_host, busy_port, engine_labels("busy", "decode")), (idle_host, idle_port, engine_labels("idle", "decode"))],
     })
+    # SGLang makes its per-stage series at the first observation (metrics_collector.py
+    # observe_per_stage_req_latency): one request first, scraped, so that the window's rate starts
+    # from a sample of the series (a counter's first sample is its baseline)
+    stage = "vllm:request_prefill_time_seconds" if kind == "vllm" else "sglang:per_stage_req_latency_seconds"
+    complete(f"http://{busy_host}:{busy_port}", 1, 64)
+    time.sleep(2.5)
+    before = get(f"http://{busy_host}:{busy_port}/metrics")[1]
     with ThreadPoolExecutor(8) as pool:  # 8 at once into 1 slot: 7 wait
         list(pool.map(lambda i: complete(f"http://{busy_host}:{busy_port}", 1, 64 + i, first=i), range(8)))
     time.sleep(3.5)
@@ -104,8 +111,10 @@ def test_lengths_and_secondary_signals(procs, tmp_path, kind):
     assert busy.mean_itl == pytest.approx(itl, rel=0.02) and 0 < busy.mean_itl < 0.05
     assert idle.mean_itl is None and prefill[("team-a", "busy")].mean_itl is None
     # the prefill engines' speed: vLLM's prefill-time histogram, SGLang's prefill_forward stage, sum over count
-    name = "vllm:request_prefill_time_seconds" if kind == "vllm" else "sglang:per_stage_req_latency_seconds"
-    pt = metric(text, name + "_sum") / metric(text, name + "_count")
+    # (vLLM's series is there from the start, at 0: the window sees every request; SGLang's from the
+    # first request's scrape on)
+    base = {part: 0.0 if kind == "vllm" else metric(before, stage + part) for part in ("_sum", "_count")}
+    pt = (metric(text, stage + "_sum") - base["_sum"]) / (metric(text, stage + "_count") - base["_count"])
     assert prefill[("team-a", "busy")].mean_prefill_time == pytest.approx(pt, rel=0.02) and pt > 0
     # the share of prompt tokens from a prefix cache: none here (vLLM's counter at 0; SGLang's appears at a hit)
     assert prefill[("team-a", "busy")].cached_share == (0.0 if kind == "vllm" else None)
