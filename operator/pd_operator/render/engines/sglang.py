@@ -227,9 +227,8 @@ class SGLangAdapter(EngineAdapter):
         "bf16" is renamed "bfloat16" for DeepSeek DSA only. For a model the cost model knows
         (none of them is one the hooks handle) "auto" is "auto" or a checkpoint's fp8_e4m3; for
         another, every string the flags may give is kept."""
-        from ..args import user_engine_flag
-
         from ...perfmodel.costmodel import MODELS
+        from ..args import user_engine_flag
 
         if "tokenspeed_mla" in (user_engine_flag(self.spec, role, _MAIN), user_engine_flag(self.spec, role, _DECODE)):
             return frozenset({"fp8_e4m3"})

@@ -341,16 +341,18 @@ class PromSink(Sink):
         self.samples.e2e.append(v)
 
     def queue(self, v: float, rank: int = 0) -> None:
-        if self.flavor == "vllm":
-            self._queue.observe(v)
-        for families, labels in self._sgl_ranks[rank] if self.flavor == "sglang" else ():
-            families["queue"].labels(*labels).observe(v)
+        self._observe("queue", v, rank)
 
     def prefill_time(self, v: float, rank: int = 0) -> None:
+        self._observe("prefill", v, rank, "prefill_forward")
+
+    def _observe(self, key: str, v: float, rank: int, *extra: str) -> None:
+        """vLLM: its engine's histogram; SGLang: every rank of the request's group (``rank``)."""
         if self.flavor == "vllm":
-            self._prefill.observe(v)
-        for families, labels in self._sgl_ranks[rank] if self.flavor == "sglang" else ():
-            families["prefill"].labels(*labels, "prefill_forward").observe(v)
+            (self._queue if key == "queue" else self._prefill).observe(v)
+            return
+        for families, labels in self._sgl_ranks[rank]:
+            families[key].labels(*labels, *extra).observe(v)
 
     def decode_time(self, v: float) -> None:
         if self._decode is not None:
