@@ -459,6 +459,10 @@ class Refusals:
         with self._guard:
             self._last.pop((namespace, name), None)
 
+    def clear(self) -> None:
+        with self._guard:
+            self._last.clear()
+
     def __len__(self) -> int:
         return len(self._last)
 
