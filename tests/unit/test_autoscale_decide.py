@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pd_operator.api.models import DecodeAutoscaling, PrefillAutoscaling
-from pd_operator.autoscale.decide import History, PoolClaim, PoolState, Signal, decide, share_budget
+from pd_operator.autoscale.decide import History, Overload, PoolClaim, PoolState, Signal, decide, share_budget
 
 
 def prefill(**kw):
@@ -546,3 +546,83 @@ def test_the_steady_capacity_carries_the_online_correction():
                    sig(0.025, at=now, demand=demand, capacity=6000.0, capacity_steady=7000.0), h, now=now)
     # 7k x 0.8 = 5.6k: 60k needs 11 (the corrected throughput headroom, 4.8k, needs 13)
     assert d.recommendation == 11 and "steady: 5.6k" in d.reason
+
+
+# Rule 2d: a size seen too small is not returned to at the load it failed at.
+
+def _quick_down(**kw):
+    return prefill(max_replicas=32, behavior={"scale_down": {"stabilization_window_seconds": 0}}, **kw)
+
+
+def test_a_settled_pool_above_its_band_records_its_size_and_load():
+    h = History()
+    decide(_quick_down(), PoolState(replicas=1, ready=1), sig(2.2, demand=24_000, capacity=27_000), h, now=1000.0)
+    assert [(x.ready, x.load, x.observed) for x in h.overloads] == [(1, 24_000, 2.2)]
+    # not settled (the scale-up this call ordered is 30 s old): nothing recorded; settled again
+    # (say the GPUs were not there), a newer reading at the same size replaces the first
+    decide(_quick_down(), PoolState(replicas=1, ready=1), sig(1.5, at=1030.0, demand=26_000, capacity=27_000), h,
+           now=1030.0)
+    assert [(x.ready, x.load) for x in h.overloads] == [(1, 24_000)]
+    decide(_quick_down(), PoolState(replicas=1, ready=1), sig(1.5, at=1200.0, demand=25_000, capacity=27_000), h,
+           now=1200.0)
+    assert [(x.ready, x.load) for x in h.overloads] == [(1, 25_000)]
+    # a pool still starting records nothing
+    h2 = History()
+    decide(_quick_down(), PoolState(replicas=2, ready=1, starting=1), sig(2.2, demand=24_000, capacity=27_000), h2,
+           now=1000.0)
+    assert h2.overloads == []
+
+
+def test_a_scale_down_does_not_return_to_a_size_seen_too_small_at_that_load():
+    # slow-ramp's prefill: 1 replica read 2.2 s at 24k tok/s; at 2 it reads 0.34 s, which the
+    # feedback (and a floor of 1 at 27k per replica) takes for room to go back to 1
+    h = History(overloads=[Overload(700.0, 1, 24_000.0, 2.2)])
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, demand=24_500, capacity=27_000), h,
+               now=1000.0)
+    assert d.replicas == 2 and "1 ready were seen at 2200ms" in d.reason
+    # without the record the same reading goes to 1
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, demand=24_500, capacity=27_000), History(),
+               now=1000.0)
+    assert d.replicas == 1
+
+
+def test_a_record_holds_only_while_the_load_it_failed_at_would_return():
+    # the demand fell by more than the tolerance (24k -> 20k per replica at 1): 1 may be enough now
+    h = History(overloads=[Overload(700.0, 1, 24_000.0, 2.2)])
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.3, demand=20_000, capacity=27_000), h, now=1000.0)
+    assert d.replicas == 1
+    # within the tolerance below it (22k >= 0.9 x 24k) it still holds
+    h = History(overloads=[Overload(700.0, 1, 24_000.0, 2.2)])
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.3, demand=22_000, capacity=27_000), h, now=1000.0)
+    assert d.replicas == 2
+
+
+def test_a_record_holds_the_scale_down_above_the_largest_size_seen_too_small():
+    # from 6 the feedback and floor say 2; 3 was seen too small at 30k each: not below 4
+    h = History(overloads=[Overload(600.0, 2, 30_000.0, 3.0), Overload(700.0, 3, 30_000.0, 1.8)])
+    d = decide(_quick_down(), PoolState(replicas=6, ready=6), sig(0.2, demand=90_000, capacity=50_000), h, now=1000.0)
+    assert d.replicas == 4 and "not below 4" in d.reason
+
+
+def test_a_record_is_refuted_by_the_size_meeting_the_target_at_that_load():
+    h = History(overloads=[Overload(700.0, 1, 24_000.0, 2.2)])
+    decide(_quick_down(), PoolState(replicas=1, ready=1), sig(0.8, demand=23_000, capacity=27_000), h, now=1000.0)
+    assert h.overloads == []
+    # within the target but at a load well under the record's: no evidence either way, kept
+    h = History(overloads=[Overload(700.0, 1, 24_000.0, 2.2)])
+    decide(_quick_down(), PoolState(replicas=1, ready=1), sig(0.8, demand=15_000, capacity=27_000), h, now=1000.0)
+    assert len(h.overloads) == 1
+
+
+def test_a_record_judged_against_a_target_since_raised_does_not_hold():
+    # the user raised the target to 3 s: 2.2 s is no longer above it
+    h = History(overloads=[Overload(700.0, 1, 24_000.0, 2.2)])
+    d = decide(_quick_down(target={"metric": "ttft", "value": "3s"}), PoolState(replicas=2, ready=2),
+               sig(0.34, demand=24_500, capacity=27_000), h, now=1000.0)
+    assert d.replicas == 1
+
+
+def test_no_record_while_the_feedback_is_shown_futile():
+    h = History(samples=[Sample(700.0, 4, 1.5, 40.0)])
+    decide(prefill(max_replicas=32), PoolState(replicas=8, ready=8), sig(1.5, demand=160, capacity=40), h, now=1000.0)
+    assert h.futile == 1.5 and h.overloads == []

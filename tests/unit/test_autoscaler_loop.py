@@ -255,12 +255,12 @@ def test_what_the_law_learned_survives_a_failover_in_status():
     time and the demand of the trend window (3d) go through status, and the status the
     autoscaler writes is what the CRD's schema accepts."""
     from pd_operator.api.models import AutoscalerMemory
-    from pd_operator.autoscale.decide import Change, History
+    from pd_operator.autoscale.decide import Change, History, Overload
     from pd_operator.controller.autoscaler import histories_from_status, history_to_status
 
     learned = History(changes=[Change(1000.0, 2, 4)], capacity_factor=0.83, step_ratio=0.812, basis="0123abcd",
                       start_seconds=118.0, demands=[(1000.0 + 30 * i, 40_000.0 + 5_000 * i) for i in range(7)],
-                      saturated_since=1150.0, futile=1.85)
+                      saturated_since=1150.0, futile=1.85, overloads=[Overload(900.0, 2, 24_000.0, 2.2)])
     memory = history_to_status(learned)
     AutoscalerMemory.model_validate(memory)  # the CRD's status schema (generated from this model)
     back = histories_from_status({"decode": {"autoscaler": memory}})["decode"]
@@ -268,12 +268,14 @@ def test_what_the_law_learned_survives_a_failover_in_status():
     # the saturation's start (3b) and the futility latch (2b): a new leader neither waits another
     # rate window to correct the capacity nor grows a pool whose latency replicas did not lower
     assert (back.saturated_since, back.futile) == (1150.0, 1.85)
+    # the sizes seen too small (2d): a new leader does not scale back into one
+    assert back.overloads == learned.overloads
     # a clock stepped back must not write what the schema refuses (startSeconds >= 0)
     AutoscalerMemory.model_validate(history_to_status(History(start_seconds=-3.0)))
     assert back.demands == learned.demands and back.demand_slope() == pytest.approx(learned.demand_slope())
     # nothing learned: nothing written (a pruned field is dropped by server-side apply), read back as fresh
     fresh = history_to_status(History())
-    assert not {"capacityFactor", "stepRatio", "startSeconds", "saturatedSince", "futile"} & set(fresh)
+    assert not {"capacityFactor", "stepRatio", "startSeconds", "saturatedSince", "futile", "overloads"} & set(fresh)
     again = histories_from_status({"decode": {"autoscaler": fresh}})["decode"]
     assert (again.capacity_factor, again.step_ratio, again.start_seconds) == (1.0, None, None)
     assert (again.saturated_since, again.futile) == (None, None)
@@ -285,14 +287,15 @@ def test_a_failover_keeps_the_measured_engine_speed():
     import copy
 
     from pd_operator.api import validate_service
-    from pd_operator.autoscale.decide import History
+    from pd_operator.autoscale.decide import History, Overload
     from pd_operator.autoscale.plan import learning_basis
 
     kube = FakeKube()
     b = body()
     first = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1000.0)
     basis = learning_basis(validate_service(b), "decode")
-    first.histories[("ns", "svc")] = {"decode": History(step_ratio=0.8, basis=basis)}
+    first.histories[("ns", "svc")] = {"decode": History(step_ratio=0.8, basis=basis,
+                                                        overloads=[Overload(900.0, 1, 6_000.0, 0.08)])}
     first.run_once([b], force=True)
     assert kube.status["decode"]["autoscaler"]["stepRatio"] == 0.8
     b_after = copy.deepcopy(b)
@@ -300,13 +303,15 @@ def test_a_failover_keeps_the_measured_engine_speed():
     second = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1030.0)
     second.run_once([b_after], force=True)
     assert second.histories[("ns", "svc")]["decode"].step_ratio == 0.8
+    assert [x.ready for x in second.histories[("ns", "svc")]["decode"].overloads] == [1]
     # a new engine image while the standby takes over: what was learned on the old one is forgotten
     b_new = copy.deepcopy(b_after)
     b_new["spec"]["engine"]["image"] = "registry.example.com/vllm/vllm-openai:v0.34.0"
     third = Autoscaler(kube, Signals(), lambda *a: None, clock=lambda: 1060.0)
     third.run_once([b_new], force=True)
     assert third.histories[("ns", "svc")]["decode"].step_ratio is None
-    assert "stepRatio" not in kube.status["decode"]["autoscaler"]
+    assert third.histories[("ns", "svc")]["decode"].overloads == []
+    assert not {"stepRatio", "overloads"} & set(kube.status["decode"]["autoscaler"])
 
 
 def test_a_reason_longer_than_the_status_field_is_cut_not_refused(monkeypatch):

@@ -15,6 +15,9 @@ The control law (docs: autoscale/README.md):
    2b. Futility guard: when a smaller pool carrying more load per replica saw
    (nearly) the same latency, the replicas added did not lower it; the
    feedback is left out until the latency is back in the band.
+   2d. A size seen above the band, settled, is not scaled back to while the
+   load per replica it would carry is within the tolerance of (or above) the
+   load it failed at, until it is seen within the target at such a load.
 3. A model-based floor when demand is known: ``ceil(demand / capacity)``,
    where ``demand`` is the offered load (plan.py: queue included);
    3b. ``capacity`` corrected online from what a saturated, settled pool
@@ -142,6 +145,16 @@ class Sample:
     load: float | None = None  # demand per Ready replica
 
 
+@dataclass(frozen=True)
+class Overload:
+    """A size the pool was seen above its latency band at, settled (rule 2d)."""
+
+    at: float
+    ready: int
+    load: float  # offered demand per Ready replica
+    observed: float  # the latency quantile then
+
+
 @dataclass
 class History:
     """What the decision remembers between calls (kept by the caller)."""
@@ -154,6 +167,8 @@ class History:
     # which adding replicas was found not to lower it (None: feedback trusted)
     samples: list[Sample] = field(default_factory=list)
     futile: float | None = None
+    # the sizes seen above the latency band, settled, the newest per size (rule 2d)
+    overloads: list[Overload] = field(default_factory=list)
     saturated_since: float | None = None  # since when the pool has been saturated without a break
     # the pool's engines' step time over the cost model's, measured on a settled pool and
     # smoothed (plan.step_ratio: decode either way, prefill only below 1); None: not measured yet
@@ -177,6 +192,7 @@ class History:
         self.changes = [c if c.at <= now else Change(now, c.before, c.after) for c in self.changes]
         self.demands = [x for x in self.demands if x[0] <= now]
         self.samples = [x for x in self.samples if x.at <= now]
+        self.overloads = [x for x in self.overloads if x.at <= now]
         if self.saturated_since is not None and self.saturated_since > now:
             self.saturated_since = now
 
@@ -335,6 +351,44 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
     if state.starting == 0:
         history.samples.append(Sample(now, state.ready, observed, load))
     return why
+
+
+def _overloads(state: PoolState, signal: Signal, target: float, tolerance: float, history: History,
+               now: float, futile: bool) -> None:
+    """Rule 2d's memory: a settled pool above its latency band records its size and the load per
+    replica it failed at (the newest per size); one within the band at that size and at least the
+    recorded load (less the tolerance) refutes the record. Not while the feedback is shown futile
+    (2b: then the latency is not the pool's size)."""
+    if not signal.demand or signal.demand <= 0 or not state.ready or not is_settled(state, history, now):
+        return
+    load = signal.demand / state.ready
+    same = [x for x in history.overloads if x.ready == state.ready]
+    if signal.observed > target * (1 + tolerance):
+        if not futile:
+            history.overloads = [x for x in history.overloads if x.ready != state.ready]
+            history.overloads.append(Overload(now, state.ready, load, signal.observed))
+    elif same and load >= same[0].load * (1 - tolerance):
+        history.overloads.remove(same[0])
+
+
+def _held_by_overload(rec: int, state: PoolState, demand: float | None, target: float, tolerance: float,
+                      history: History) -> tuple[int, str] | None:
+    """Rule 2d: the least size a scale-down to ``rec`` may go to, and why, where a size between
+    was seen above the latency band at a load per replica that the demand would now put on it
+    (within the tolerance); None when no record holds. Latency feedback assumes latency
+    proportional to the load per replica; a queue's grows faster than that as a pool shrinks
+    (found by slow-ramp: prefill went 1 -> 2 -> 1 -> 2 -> 1 -> 2 in 30 minutes, its TTFT p99
+    2.2 s at 1 replica, 0.34 s at 2, where feedback read 1 as enough)."""
+    if rec >= state.replicas or not demand or demand <= 0:
+        return None
+    held = [x for x in history.overloads if rec <= x.ready < state.replicas
+            and x.observed > target * (1 + tolerance) and demand / x.ready >= x.load * (1 - tolerance)]
+    if not held:
+        return None
+    worst = max(held, key=lambda x: x.ready)
+    return worst.ready + 1, (f"not below {worst.ready + 1}: {worst.ready} ready were seen at "
+                             f"{worst.observed * 1000:.0f}ms carrying {si(worst.load)} tok/s each, "
+                             f"{si(demand / worst.ready)} now")
 
 
 def _corrected_capacity(signal: Signal, state: PoolState, target: float, tolerance: float,
@@ -555,6 +609,12 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         candidates.append((need, t.metric))
         clauses.append(f"{t.metric} {observed:.3g}/replica {stands} target {t.average_value:g} (needs {need})")
     best = max(n for n, _ in candidates)
+    _overloads(state, signal, target, policy.tolerance, history, now, bool(futile))
+    held = _held_by_overload(best, state, signal.demand, target, policy.tolerance, history)
+    if held:
+        best = held[0]
+        candidates.append((best, "a size seen too small"))
+        clauses.append(held[1])
     if len(candidates) > 1:
         clauses.append(f"sized by {next(name for n, name in candidates if n == best)}")
     return best, "; ".join(clauses)

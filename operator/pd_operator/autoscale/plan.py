@@ -82,7 +82,8 @@ def step_ratio(svc: PDInferenceService, role: str, inp: PoolInput, history: Hist
 
 
 def learning_basis(svc: PDInferenceService, role: str) -> str:
-    """A digest of what the learned capacity correction (rule 3b) and step time (3b') depend on:
+    """A digest of what the learned capacity correction (rule 3b), step time (3b') and the sizes
+    seen too small (2d) depend on:
     the model, the engine (kind, image, its settings) and the pool's settings but its size and
     its autoscaling policy. A change of it (a new engine image, another TP, another GPU, other
     flags) forgets what was learned on the old one."""
@@ -97,6 +98,7 @@ def _relearn_on_change(svc: PDInferenceService, role: str, history: History) -> 
     if history.basis != basis:
         if history.basis is not None or history.step_ratio is not None or history.capacity_factor < 1.0:
             history.capacity_factor, history.step_ratio = 1.0, None
+            history.overloads = []
         history.basis = basis
 
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from ..api import SpecError, validate_service
 from ..api.models import SCALE_REASON_MAX, PDInferenceService, duration_seconds
 from ..autoscale import fit
-from ..autoscale.decide import Change, History, PoolState
+from ..autoscale.decide import Change, History, Overload, PoolState
 from ..autoscale.decide import Event as Recommendation
 from ..autoscale.diagnose import REASONS, Verdict, diagnose, ready_pod_ips
 from ..autoscale.plan import PoolInput, plan_service
@@ -542,7 +542,7 @@ def history_to_status(history: History) -> dict:
     resizes (the newest MEMORY_ITEMS of each), and what the law learned -- the capacity
     correction (rule 3b), the engines' step time (3b'), what those were learned on, the pods'
     start time and the demand of the trend window (3d), since when the pool has been saturated
-    (3b) and the latency the feedback was shown futile at (2b) -- so that a failover does not
+    (3b), the latency the feedback was shown futile at (2b) and the sizes seen too small (2d) -- so that a failover does not
     relearn them."""
     recs = stabilizing(history.recommendations)
     out: dict = {"recommendations": [[round(e.at, 3), e.replicas] for e in recs[-MEMORY_ITEMS:]],
@@ -560,6 +560,9 @@ def history_to_status(history: History) -> dict:
         out["saturatedSince"] = round(history.saturated_since, 3)
     if history.futile is not None:
         out["futile"] = round(max(0.0, history.futile), 6)
+    if history.overloads:
+        out["overloads"] = [[round(x.at, 3), x.ready, round(x.load, 3), round(x.observed, 6)]
+                            for x in history.overloads[-MEMORY_ITEMS:]]
     return out
 
 
@@ -579,7 +582,9 @@ def histories_from_status(status: dict) -> dict[str, History]:
                                 start_seconds=float(start) if start is not None else None,
                                 basis=str(mem["basis"]) if mem.get("basis") is not None else None,
                                 saturated_since=float(since) if since is not None else None,
-                                futile=float(futile) if futile is not None else None)
+                                futile=float(futile) if futile is not None else None,
+                                overloads=[Overload(at=float(a), ready=int(n), load=float(d), observed=float(o))
+                                           for a, n, d, o in mem.get("overloads") or []])
         except (TypeError, ValueError):
             out[role] = History()
     return out
