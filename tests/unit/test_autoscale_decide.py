@@ -579,7 +579,7 @@ def test_a_scale_down_does_not_return_to_a_size_seen_too_small_at_that_load():
     h = History(overloads=[Overload(700.0, 1, 24_000.0, 2.2)])
     d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, demand=24_500, capacity=27_000), h,
                now=1000.0)
-    assert d.replicas == 2 and "1 ready were seen at 2200ms" in d.reason
+    assert d.replicas == 2 and "not below 2: 1 replica read 2200ms at 24k tok/s each (24.5k now)" in d.reason
     # without the record the same reading goes to 1
     d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, demand=24_500, capacity=27_000), History(),
                now=1000.0)
@@ -626,3 +626,43 @@ def test_no_record_while_the_feedback_is_shown_futile():
     h = History(samples=[Sample(700.0, 4, 1.5, 40.0)])
     decide(prefill(max_replicas=32), PoolState(replicas=8, ready=8), sig(1.5, demand=160, capacity=40), h, now=1000.0)
     assert h.futile == 1.5 and h.overloads == []
+
+
+def test_a_record_is_of_what_the_pool_produced_not_the_backlog_it_had_to_clear():
+    # 1 replica produced 24k tok/s with 150 prompts queued: the offered demand (29k, the backlog
+    # to clear in it) is not what 1 replica failed at; 2 replicas offered 24.07k later must hold
+    h = History()
+    decide(_quick_down(), PoolState(replicas=1, ready=1), sig(2.2, demand=29_000, produced=24_000, capacity=27_000),
+           h, now=1000.0)
+    assert [(x.ready, x.load) for x in h.overloads] == [(1, 24_000)]
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.3, at=1200.0, demand=24_070, produced=24_070,
+                                                                   capacity=27_000), h, now=1200.0)
+    assert d.replicas == 2
+
+
+def test_a_bigger_pool_reading_the_same_latency_refutes_the_smaller_sizes_record():
+    # decode's ITL p99 reads 56 ms against 50 whatever the size (a stall, a bucket edge): 4
+    # replicas at 10k each recorded it; 8 at 5k each read the same: the size was not the cause
+    dec = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=16)
+    h = History(overloads=[Overload(100.0, 4, 10_000.0, 0.056)])
+    decide(dec, PoolState(replicas=8, ready=8), sig(0.056, demand=40_000, capacity=10_000), h, now=1000.0)
+    assert [x.ready for x in h.overloads] == [8]  # only the bigger size's own reading is left
+    # the latency back under the band at 8 with the load it read above it refutes that too
+    decide(dec, PoolState(replicas=8, ready=8), sig(0.040, at=1200.0, demand=40_000, capacity=10_000), h, now=1200.0)
+    assert h.overloads == []
+
+
+def test_no_hold_while_the_feedback_is_shown_futile():
+    # a record made at 1 before the futility latch (TTFT stuck at 1.5 s whatever the size): the
+    # demand floor (1) sizes the pool, the record does not keep it at 2
+    h = History(futile=1.5, samples=[Sample(700.0, 1, 1.5, 10_000.0)], overloads=[Overload(600.0, 1, 10_000.0, 1.5)])
+    d = decide(_quick_down(target={"metric": "ttft", "value": "500ms"}), PoolState(replicas=2, ready=2),
+               sig(1.5, demand=10_000, capacity=27_000), h, now=1000.0)
+    assert d.replicas == 1 and "not below" not in d.reason
+
+
+def test_a_record_from_a_clock_ahead_is_kept_at_now():
+    h = History(overloads=[Overload(5000.0, 1, 24_000.0, 2.2)])
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, demand=24_500, capacity=27_000), h,
+               now=1000.0)
+    assert d.replicas == 2 and [x.at for x in h.overloads] == [1000.0]

@@ -279,6 +279,11 @@ def test_what_the_law_learned_survives_a_failover_in_status():
     again = histories_from_status({"decode": {"autoscaler": fresh}})["decode"]
     assert (again.capacity_factor, again.step_ratio, again.start_seconds) == (1.0, None, None)
     assert (again.saturated_since, again.futile) == (None, None)
+    # a hand-edited record the schema accepts but no pool could show (size 0 or 1.7, a load
+    # or latency not above 0) is dropped, not held on
+    edited = {"overloads": [[900.0, 0, 1000.0, 2.0], [900.0, 1.7, 1000.0, 2.0], [900.0, 1, -5.0, 2.0],
+                            [900.0, 2, 1000.0, 0.0], [900.0, 3, 1000.0, 2.0]]}
+    assert [x.ready for x in histories_from_status({"decode": {"autoscaler": edited}})["decode"].overloads] == [3]
     # unreadable memory: a fresh history, not a crash
     assert histories_from_status({"decode": {"autoscaler": {"stepRatio": "fast"}}})["decode"].step_ratio is None
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..api.models import PoolAutoscaling, ScalingRules, duration_seconds
 from .capacity import si
@@ -192,7 +192,7 @@ class History:
         self.changes = [c if c.at <= now else Change(now, c.before, c.after) for c in self.changes]
         self.demands = [x for x in self.demands if x[0] <= now]
         self.samples = [x for x in self.samples if x.at <= now]
-        self.overloads = [x for x in self.overloads if x.at <= now]
+        self.overloads = [x if x.at <= now else replace(x, at=now) for x in self.overloads]
         if self.saturated_since is not None and self.saturated_since > now:
             self.saturated_since = now
 
@@ -355,20 +355,27 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
 
 def _overloads(state: PoolState, signal: Signal, target: float, tolerance: float, history: History,
                now: float, futile: bool) -> None:
-    """Rule 2d's memory: a settled pool above its latency band records its size and the load per
-    replica it failed at (the newest per size); one within the band at that size and at least the
-    recorded load (less the tolerance) refutes the record. Not while the feedback is shown futile
-    (2b: then the latency is not the pool's size)."""
-    if not signal.demand or signal.demand <= 0 or not state.ready or not is_settled(state, history, now):
+    """Rule 2d's memory, kept on settled pools. Above the latency band: the size and the load
+    per replica it failed at are recorded (the newest per size), and a smaller size's record is
+    refuted when this one carries less per replica and reads about the same latency (the
+    replicas added did not lower it: 2b's evidence, for ITL too); no record while the feedback
+    is shown futile (2b: then the latency is not the pool's size). Within the band: the record
+    of this size is refuted when it carries at least the recorded load (less the tolerance).
+    The load is what the pool produced (``Signal.produced``, else the demand): the offered
+    demand of an overloaded prefill pool carries its backlog to clear, which the bigger pool
+    that is compared with it later has not, and a record read high would let go too soon."""
+    measured = signal.produced if signal.produced is not None else signal.demand
+    if not measured or measured <= 0 or not state.ready or not is_settled(state, history, now):
         return
-    load = signal.demand / state.ready
-    same = [x for x in history.overloads if x.ready == state.ready]
+    load = measured / state.ready
     if signal.observed > target * (1 + tolerance):
+        history.overloads = [x for x in history.overloads if x.ready != state.ready and not (
+            x.ready < state.ready and load < x.load and signal.observed >= x.observed * (1 - FUTILITY_GAIN))]
         if not futile:
-            history.overloads = [x for x in history.overloads if x.ready != state.ready]
             history.overloads.append(Overload(now, state.ready, load, signal.observed))
-    elif same and load >= same[0].load * (1 - tolerance):
-        history.overloads.remove(same[0])
+    else:
+        history.overloads = [x for x in history.overloads
+                             if not (x.ready == state.ready and load >= x.load * (1 - tolerance))]
 
 
 def _held_by_overload(rec: int, state: PoolState, demand: float | None, target: float, tolerance: float,
@@ -386,9 +393,10 @@ def _held_by_overload(rec: int, state: PoolState, demand: float | None, target: 
     if not held:
         return None
     worst = max(held, key=lambda x: x.ready)
-    return worst.ready + 1, (f"not below {worst.ready + 1}: {worst.ready} ready were seen at "
-                             f"{worst.observed * 1000:.0f}ms carrying {si(worst.load)} tok/s each, "
-                             f"{si(demand / worst.ready)} now")
+    replicas = "replica" if worst.ready == 1 else "replicas"
+    return worst.ready + 1, (f"not below {worst.ready + 1}: {worst.ready} {replicas} read "
+                             f"{worst.observed * 1000:.0f}ms at {si(worst.load)} tok/s each "
+                             f"({si(demand / worst.ready)} now)")
 
 
 def _corrected_capacity(signal: Signal, state: PoolState, target: float, tolerance: float,
@@ -610,7 +618,8 @@ def _recommend(policy: PoolAutoscaling, state: PoolState, signal: Signal, histor
         clauses.append(f"{t.metric} {observed:.3g}/replica {stands} target {t.average_value:g} (needs {need})")
     best = max(n for n, _ in candidates)
     _overloads(state, signal, target, policy.tolerance, history, now, bool(futile))
-    held = _held_by_overload(best, state, signal.demand, target, policy.tolerance, history)
+    # not while futile: the latency is then not the pool's size (2b)
+    held = None if futile else _held_by_overload(best, state, signal.demand, target, policy.tolerance, history)
     if held:
         best = held[0]
         candidates.append((best, "a size seen too small"))

@@ -10,6 +10,7 @@ the status.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -583,10 +584,21 @@ def histories_from_status(status: dict) -> dict[str, History]:
                                 basis=str(mem["basis"]) if mem.get("basis") is not None else None,
                                 saturated_since=float(since) if since is not None else None,
                                 futile=float(futile) if futile is not None else None,
-                                overloads=[Overload(at=float(a), ready=int(n), load=float(d), observed=float(o))
-                                           for a, n, d, o in mem.get("overloads") or []])
+                                overloads=_overloads(mem.get("overloads") or []))
         except (TypeError, ValueError):
             out[role] = History()
+    return out
+
+
+def _overloads(items: list) -> list[Overload]:
+    """Rule 2d's records as status keeps them, less any a hand edit made meaningless (a size
+    under 1 or not whole, a load or latency not above 0): each would hold a scale-down on
+    nothing the pool showed."""
+    out = []
+    for at, ready, load, observed in items:
+        x = Overload(at=float(at), ready=int(ready), load=float(load), observed=float(observed))
+        if x.ready == ready and x.ready >= 1 and math.isfinite(x.load) and x.load > 0 and math.isfinite(x.observed) and x.observed > 0:
+            out.append(x)
     return out
 
 
