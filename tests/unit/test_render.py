@@ -356,3 +356,23 @@ def test_a_pool_budget_never_holds_an_unready_pod():
     for obj in render(validate_service(minimal())):
         if obj["kind"] == "PodDisruptionBudget":
             assert obj["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow" and obj["spec"]["maxUnavailable"] == 1
+
+
+def test_several_routers_spread_over_nodes_and_one_does_not():
+    """With more than one router, one node's drain or loss takes one of them: maxSkew 1 per node
+    (the scheduler's own default, maxSkew 3, lets three share a node), soft, and counting only the
+    current ReplicaSet's pods (a rollout's old pods would skew it); a budget of one at a time."""
+    def router_objs(replicas):
+        objs = render(validate_service(minimal(router={"image": "r:1", "replicas": replicas})))
+        dep = next(o for o in objs if o["kind"] == "Deployment")
+        pdb = [o for o in objs if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"].endswith("router")]
+        return dep["spec"]["template"]["spec"], pdb
+
+    spec, pdb = router_objs(3)
+    (tsc,) = spec["topologySpreadConstraints"]
+    assert (tsc["maxSkew"], tsc["topologyKey"], tsc["whenUnsatisfiable"]) == (1, "kubernetes.io/hostname", "ScheduleAnyway")
+    assert tsc["matchLabelKeys"] == ["pod-template-hash"]
+    assert tsc["labelSelector"]["matchLabels"] == {"pdserving.io/service": "svc", "pdserving.io/role": "router"}
+    assert len(pdb) == 1 and pdb[0]["spec"]["maxUnavailable"] == 1
+    spec, pdb = router_objs(1)
+    assert "topologySpreadConstraints" not in spec and pdb == []

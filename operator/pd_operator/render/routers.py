@@ -287,6 +287,22 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
         container["env"] = env
     resources = {k: v for k, v in spec.router.resources.dump().items() if v}
     container["resources"] = resources or {"requests": {"cpu": "1", "memory": "1Gi"}}
+    pod_spec = {
+        "serviceAccountName": name,
+        "containers": [container],
+        "terminationGracePeriodSeconds": router_grace_seconds(svc),
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if spec.router.replicas > 1:
+        # one node's loss or drain takes one router, not all: the scheduler's default spread
+        # (maxSkew 3 per node: pkg/scheduler/framework/plugins/podtopologyspread/plugin.go
+        # systemDefaultConstraints) lets three share a node. Soft, so a one-node cluster still
+        # runs them; the ReplicaSet's own hash label keeps a rollout's old pods out of the count.
+        pod_spec["topologySpreadConstraints"] = [{
+            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector_labels(svc, "router")}, "matchLabelKeys": ["pod-template-hash"],
+        }]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -304,13 +320,7 @@ def deployment(svc: PDInferenceService, router: RouterAdapter) -> dict:
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": {
-                    "serviceAccountName": name,
-                    "containers": [container],
-                    "terminationGracePeriodSeconds": router_grace_seconds(svc),
-                    "enableServiceLinks": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-                },
+                "spec": pod_spec,
             },
         },
     }
