@@ -151,7 +151,7 @@ class Overload:
 
     at: float
     ready: int
-    load: float  # offered demand per Ready replica
+    load: float  # what the pool produced per Ready replica (the demand where that is unknown)
     observed: float  # the latency quantile then
 
 

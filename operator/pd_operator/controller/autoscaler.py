@@ -543,8 +543,8 @@ def history_to_status(history: History) -> dict:
     resizes (the newest MEMORY_ITEMS of each), and what the law learned -- the capacity
     correction (rule 3b), the engines' step time (3b'), what those were learned on, the pods'
     start time and the demand of the trend window (3d), since when the pool has been saturated
-    (3b), the latency the feedback was shown futile at (2b) and the sizes seen too small (2d) -- so that a failover does not
-    relearn them."""
+    (3b), the latency the feedback was shown futile at (2b) and the sizes seen too small (2d) --
+    so that a failover does not relearn them."""
     recs = stabilizing(history.recommendations)
     out: dict = {"recommendations": [[round(e.at, 3), e.replicas] for e in recs[-MEMORY_ITEMS:]],
                  "changes": [[round(c.at, 3), c.before, c.after] for c in history.changes[-MEMORY_ITEMS:]],
@@ -597,7 +597,8 @@ def _overloads(items: list) -> list[Overload]:
     out = []
     for at, ready, load, observed in items:
         x = Overload(at=float(at), ready=int(ready), load=float(load), observed=float(observed))
-        if x.ready == ready and x.ready >= 1 and math.isfinite(x.load) and x.load > 0 and math.isfinite(x.observed) and x.observed > 0:
+        if (x.ready == ready and x.ready >= 1 and math.isfinite(x.load) and x.load > 0
+                and math.isfinite(x.observed) and x.observed > 0):
             out.append(x)
     return out
 
