@@ -666,3 +666,28 @@ def test_a_record_from_a_clock_ahead_is_kept_at_now():
     d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, demand=24_500, capacity=27_000), h,
                now=1000.0)
     assert d.replicas == 2 and [x.at for x in h.overloads] == [1000.0]
+
+
+def test_a_record_is_tried_again_after_an_hour():
+    # the hold keeps the pool off the size, so its refutation cannot come while the load stays:
+    # after OVERLOAD_MEMORY_S the size is tried again
+    from pd_operator.autoscale.decide import OVERLOAD_MEMORY_S
+
+    h = History(overloads=[Overload(1000.0, 1, 24_000.0, 2.2)])
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, at=1000.0 + OVERLOAD_MEMORY_S - 60,
+                                                                   demand=24_500, capacity=27_000), h,
+               now=1000.0 + OVERLOAD_MEMORY_S - 60)
+    assert d.replicas == 2
+    d = decide(_quick_down(), PoolState(replicas=2, ready=2), sig(0.34, at=1000.0 + OVERLOAD_MEMORY_S + 60,
+                                                                   demand=24_500, capacity=27_000), h,
+               now=1000.0 + OVERLOAD_MEMORY_S + 60)
+    assert d.replicas == 1 and h.overloads == []
+
+
+def test_a_bigger_pool_must_carry_clearly_less_to_refute():
+    # 1 % less per replica at the same latency is the ramp's noise, not 2b's evidence
+    dec = DecodeAutoscaling(enabled=True, min_replicas=1, max_replicas=16)
+    h = History(overloads=[Overload(100.0, 4, 10_000.0, 0.056)])
+    decide(dec, PoolState(replicas=5, ready=5), sig(0.056, demand=49_500, produced=49_500, capacity=10_000), h,
+           now=1000.0)
+    assert [x.ready for x in h.overloads] == [4, 5]

@@ -1411,8 +1411,9 @@ class AutoscalerMemory(Base):
         "feedback is left out until the latency is back within the target's band.")
     overloads: list[Annotated[list[float], Field(min_length=4, max_length=4)]] = Field(
         default_factory=list, max_length=64, description="Sizes seen above the latency target's band, the newest per "
-        "size: [unix time, ready replicas, offered demand per replica (tokens/s), latency (seconds)]. A scale-down "
-        "does not go back to one while the load per replica it would carry is within the tolerance of that.")
+        "size: [unix time, ready replicas, tokens/s each replica produced, latency (seconds)]. For an hour, unless "
+        "refuted, a scale-down does not go back to one while the load per replica it would carry is at least that "
+        "less the tolerance.")
     basis: Optional[Annotated[str, StringConstraints(max_length=64)]] = Field(
         None, description="Digest of the engine, model and pool settings capacityFactor and stepRatio were learned on; "
         "a change of them forgets both.")

@@ -17,7 +17,8 @@ The control law (docs: autoscale/README.md):
    feedback is left out until the latency is back in the band.
    2d. A size seen above the band, settled, is not scaled back to while the
    load per replica it would carry is within the tolerance of (or above) the
-   load it failed at, until it is seen within the target at such a load.
+   load it failed at, until it is seen within the target at such a load, a
+   bigger pool reads the same latency, or an hour has passed.
 3. A model-based floor when demand is known: ``ceil(demand / capacity)``,
    where ``demand`` is the offered load (plan.py: queue included);
    3b. ``capacity`` corrected online from what a saturated, settled pool
@@ -301,6 +302,12 @@ def apply_behavior(rec: int, current: int, history: History, now: float,
 # (e.g. prompts whose prefill alone exceeds the TTFT target); samples kept this long.
 FUTILITY_GAIN = 0.10
 FUTILITY_MEMORY_S = 900.0
+# Rule 2d: a record of a size seen too small is kept this long unless refuted. The hold keeps
+# the pool off that size, so the record's own refutation (the size within the band at that
+# load) cannot come while the load stays: a record of one stray minute would cost a replica
+# for as long. After this long the size is tried again, at most once per this period at the
+# same load: a round trip an hour where slow-ramp's prefill made one every 12 minutes.
+OVERLOAD_MEMORY_S = 3600.0
 # The latency feedback is bounded by this multiple of the demand floor (rule 3c): a backlog's
 # latency (a queue of minutes) is not proportional to the replicas that clear it.
 FEEDBACK_CAP = 2.0
@@ -355,22 +362,25 @@ def _futile(state: PoolState, observed: float, target: float, tolerance: float, 
 
 def _overloads(state: PoolState, signal: Signal, target: float, tolerance: float, history: History,
                now: float, futile: bool) -> None:
-    """Rule 2d's memory, kept on settled pools. Above the latency band: the size and the load
-    per replica it failed at are recorded (the newest per size), and a smaller size's record is
-    refuted when this one carries less per replica and reads about the same latency (the
-    replicas added did not lower it: 2b's evidence, for ITL too); no record while the feedback
-    is shown futile (2b: then the latency is not the pool's size). Within the band: the record
-    of this size is refuted when it carries at least the recorded load (less the tolerance).
-    The load is what the pool produced (``Signal.produced``, else the demand): the offered
-    demand of an overloaded prefill pool carries its backlog to clear, which the bigger pool
-    that is compared with it later has not, and a record read high would let go too soon."""
+    """Rule 2d's memory (each record kept OVERLOAD_MEMORY_S), on settled pools. Above the
+    latency band: the size and the load per replica it failed at are recorded (the newest per
+    size), and a smaller size's record is refuted when this one carries FUTILITY_GAIN less per
+    replica and reads about the same latency (the replicas added did not lower it: 2b's
+    evidence, for ITL too); no record while the feedback is shown futile (2b: then the latency
+    is not the pool's size). Within the band: the record of this size is refuted when it
+    carries at least the recorded load (less the tolerance). The load is what the pool
+    produced (``Signal.produced``, else the demand): the offered demand of an overloaded
+    prefill pool carries its backlog to clear, which the bigger pool that is compared with it
+    later has not, and a record read high would let go too soon."""
+    history.overloads = [x for x in history.overloads if now - x.at <= OVERLOAD_MEMORY_S]
     measured = signal.produced if signal.produced is not None else signal.demand
     if not measured or measured <= 0 or not state.ready or not is_settled(state, history, now):
         return
     load = measured / state.ready
     if signal.observed > target * (1 + tolerance):
         history.overloads = [x for x in history.overloads if x.ready != state.ready and not (
-            x.ready < state.ready and load < x.load and signal.observed >= x.observed * (1 - FUTILITY_GAIN))]
+            x.ready < state.ready and load <= x.load * (1 - FUTILITY_GAIN)
+            and signal.observed >= x.observed * (1 - FUTILITY_GAIN))]
         if not futile:
             history.overloads.append(Overload(now, state.ready, load, signal.observed))
     else:
