@@ -15,7 +15,13 @@ cd "$ROOT"
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet -e '.[test]' -e ./operator/tools
+# The runtime closure at the versions the operator image pins (operator/Dockerfile's
+# constraints): the tests run with what the image installs, not with whatever PyPI
+# published since (tests/unit/test_images.py checks the two agree).
+PINS="$(mktemp)"
+sed -n "/<<'PINS'/,/^PINS\$/p" operator/Dockerfile | sed '1d;$d' > "$PINS"
+.venv/bin/python -m pip install --quiet --constraint "$PINS" -e '.[test]' -e ./operator/tools
+rm -f "$PINS"
 
 # The real control plane (kube-apiserver, etcd, scheduler, controller-manager,
 # kwok, helm) and Prometheus (prometheus, promtool: the chart's rules, the
